@@ -1,0 +1,257 @@
+// NcclCoreBackend lifecycle: communicator creation and splitting, coalescing,
+// abort and shutdown. The ops live in collectives.cpp and point_to_point.cpp.
+#include "backend/backend.h"
+
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/util/Logging.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "backend/dispatch.h"
+#include "backend/launch.h"
+
+namespace nccl_core {
+
+namespace {
+const std::string kUniqueIdKey = "nccl_core_unique_id";
+
+// The same value on every member of a split, different across splits.
+int splitColor(const std::vector<int>& ranks) {
+  uint32_t hash = 2166136261u; // FNV-1a
+  for (int rank : ranks) {
+    hash = (hash ^ static_cast<uint32_t>(rank)) * 16777619u;
+  }
+  return static_cast<int>(hash & 0x7fffffff);
+}
+} // namespace
+
+NcclCoreBackend::NcclCoreBackend(
+    c10::intrusive_ptr<c10d::Store> store,
+    int rank,
+    int size,
+    std::string groupName,
+    std::shared_ptr<const NcclCoreOptions> options,
+    std::chrono::milliseconds defaultTimeout,
+    std::shared_ptr<Communicator> comm)
+    : c10d::Backend(rank, size),
+      store_(std::move(store)),
+      groupName_(std::move(groupName)),
+      options_(std::move(options)),
+      timeout_(options_->timeout.value_or(defaultTimeout)) {
+  options_->validate();
+  if (comm) {
+    setupCommunicator(std::move(comm));
+  }
+}
+
+NcclCoreBackend::~NcclCoreBackend() {
+  try {
+    shutdown();
+  } catch (const std::exception& e) {
+    LOG(WARNING) << "[nccl_core] shutdown of group '" << groupName_
+                 << "' failed: " << e.what();
+  }
+}
+
+Communicator& NcclCoreBackend::communicator(at::Device device) {
+  failure_->raiseIfFailed();
+  if (C10_UNLIKELY(!comm_)) {
+    initCommunicator(device);
+  }
+  return *comm_;
+}
+
+c10::DeviceIndex NcclCoreBackend::checkedDevice(
+    const at::Tensor& tensor,
+    const char* op,
+    const char* what) {
+  TORCH_CHECK_VALUE(
+      tensor.defined() && tensor.is_cuda(),
+      "nccl_core ",
+      op,
+      ": ",
+      what,
+      " must be a CUDA tensor, got ",
+      tensor.defined() ? c10::str("one on ", tensor.device())
+                       : std::string("an undefined tensor"));
+  const c10::DeviceIndex device =
+      static_cast<c10::DeviceIndex>(communicator(tensor.device()).device());
+  checkTensor(tensor, device, op, what);
+  return device;
+}
+
+void NcclCoreBackend::initCommunicator(at::Device device) {
+  TORCH_CHECK_VALUE(
+      device.is_cuda() && device.has_index(),
+      "nccl_core: the communicator needs a CUDA device with an index, got ",
+      device);
+  ncclUniqueId id;
+  if (getRank() == 0) {
+    NCCL_CORE_CHECK(ncclGetUniqueId(&id));
+    const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
+    store_->set(kUniqueIdKey, std::vector<uint8_t>(bytes, bytes + sizeof(id)));
+  } else {
+    const std::vector<uint8_t> bytes = store_->get(kUniqueIdKey);
+    TORCH_INTERNAL_ASSERT(
+        bytes.size() == sizeof(id), "malformed NCCL unique id in the store");
+    std::memcpy(&id, bytes.data(), sizeof(id));
+  }
+  setupCommunicator(
+      Communicator::create(
+          getSize(),
+          getRank(),
+          id,
+          device.index(),
+          options_->toNcclConfig(),
+          timeout_));
+}
+
+void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
+  const auto device = static_cast<c10::DeviceIndex>(comm->device());
+  comm_ = std::move(comm);
+  events_ = std::make_shared<EventPool>(comm_->device());
+  stream_ = c10::cuda::getStreamFromPool(options_->highPriorityStream, device);
+  ready_ = events_->acquire();
+  watchdog_ = std::make_unique<Watchdog>(
+      comm_, failure_, store_, groupName_, timeout_, events_->acquire());
+}
+
+at::Device NcclCoreBackend::deviceForOpWithoutTensors(
+    const std::vector<int64_t>& deviceIds) {
+  if (!deviceIds.empty()) {
+    return at::Device(
+        at::kCUDA, static_cast<c10::DeviceIndex>(deviceIds.front()));
+  }
+  if (comm_) {
+    return at::Device(
+        at::kCUDA, static_cast<c10::DeviceIndex>(comm_->device()));
+  }
+  if (auto bound = getBoundDeviceId()) {
+    return *bound;
+  }
+  return at::Device(at::kCUDA, c10::cuda::current_device());
+}
+
+c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::split(
+    const c10::intrusive_ptr<c10d::Store>& store,
+    const std::vector<int>& ranks,
+    const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
+  Communicator& parent = communicator(deviceForOpWithoutTensors({}));
+  const auto me = std::find(ranks.begin(), ranks.end(), getRank());
+  const bool member = me != ranks.end();
+  auto childOptions = std::make_shared<NcclCoreOptions>(*options_);
+  const std::chrono::milliseconds childTimeout =
+      opts && opts->timeout.count() > 0 ? opts->timeout : timeout_;
+  // Every rank of the parent takes part; non-members pass no color.
+  auto child = parent.split(
+      member ? splitColor(ranks) : -1,
+      member ? static_cast<int>(me - ranks.begin()) : 0,
+      childOptions->toNcclConfig());
+  ++splitCount_;
+  if (!child) {
+    return nullptr;
+  }
+  const int childRank = child->rank();
+  const int childSize = child->size();
+  return c10::make_intrusive<NcclCoreBackend>(
+      store,
+      childRank,
+      childSize,
+      opts ? opts->group_name : groupName_ + ":split",
+      std::move(childOptions),
+      childTimeout,
+      std::move(child));
+}
+
+void NcclCoreBackend::eagerConnectSingleDevice(at::Device device) {
+  communicator(device);
+}
+
+c10::intrusive_ptr<c10d::Backend::Options>
+NcclCoreBackend::getBackendOptions() {
+  auto opts =
+      c10::make_intrusive<c10d::Backend::Options>("nccl_core", timeout_);
+  opts->group_name = groupName_;
+  return opts;
+}
+
+c10d::ErrorType NcclCoreBackend::getError() {
+  return failure_->failed() ? c10d::ErrorType::COMM_ERROR
+                            : c10d::ErrorType::SUCCESS;
+}
+
+void NcclCoreBackend::startCoalescing() {
+  TORCH_CHECK(
+      !coalescing_,
+      "nccl_core: startCoalescing() called twice without endCoalescing()");
+  coalescing_ = true;
+  coalescedGroupOpen_ = false;
+  coalescedTensors_.clear();
+  coalescedDevice_.reset();
+}
+
+c10::intrusive_ptr<c10d::Work> NcclCoreBackend::endCoalescing() {
+  TORCH_CHECK(
+      coalescing_,
+      "nccl_core: endCoalescing() called without startCoalescing()");
+  coalescing_ = false;
+  std::vector<at::Tensor> tensors = std::move(coalescedTensors_);
+  const OpInfo info{c10d::OpType::COALESCED, "coalesced", seq_};
+  if (!coalescedGroupOpen_) {
+    // Nothing was enqueued.
+    return c10::make_intrusive<NcclWork>(
+        info,
+        deviceForOpWithoutTensors({}),
+        groupName_,
+        EventPool::Event{},
+        timeout_,
+        std::vector<at::Tensor>{},
+        std::vector<at::Tensor>{},
+        false);
+  }
+  coalescedGroupOpen_ = false;
+  comm_->settle(ncclGroupEnd(), "ncclGroupEnd");
+  EventPool::Event end = events_->acquire();
+  C10_CUDA_CHECK(cudaEventRecord(end.get(), stream_->stream()));
+  auto work = c10::make_intrusive<NcclWork>(
+      info,
+      *coalescedDevice_,
+      groupName_,
+      std::move(end),
+      timeout_,
+      tensors,
+      tensors,
+      false);
+  if (!isCapturing(stream_->stream())) {
+    watchdog_->track(work);
+  }
+  return work;
+}
+
+void NcclCoreBackend::teardown(const std::string& reason) {
+  if (watchdog_) {
+    watchdog_->fail(reason, /*tellPeers=*/false);
+    watchdog_->stop();
+  } else {
+    failure_->set(reason);
+  }
+}
+
+void NcclCoreBackend::abort() {
+  teardown(c10::str("nccl_core group '", groupName_, "' was aborted"));
+}
+
+void NcclCoreBackend::shutdown() {
+  if (watchdog_) {
+    // Let enqueued work finish; the watchdog fails it at its timeout, so this
+    // wait is bounded.
+    while (watchdog_->hasPendingWork() && !failure_->failed()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  teardown(c10::str("nccl_core group '", groupName_, "' was shut down"));
+}
+
+} // namespace nccl_core

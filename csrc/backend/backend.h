@@ -1,0 +1,184 @@
+// The nccl_core c10d::Backend: one NCCL communicator per group. Every op is
+// "check arguments, pick the stream, enqueue through the communicator, return
+// Work"; the shared steps live in launch() and dispatch.h.
+#pragma once
+
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <memory>
+#include <optional>
+
+#include "backend/event_pool.h"
+#include "backend/failure.h"
+#include "backend/options.h"
+#include "backend/watchdog.h"
+#include "backend/work.h"
+#include "nccl/communicator.h"
+
+namespace nccl_core {
+
+class NcclCoreBackend : public c10d::Backend {
+ public:
+  NcclCoreBackend(
+      c10::intrusive_ptr<c10d::Store> store,
+      int rank,
+      int size,
+      std::string groupName,
+      std::shared_ptr<const NcclCoreOptions> options,
+      std::chrono::milliseconds defaultTimeout,
+      std::shared_ptr<Communicator> comm = nullptr);
+  ~NcclCoreBackend() override;
+
+  const std::string getBackendName() const override {
+    return "nccl_core";
+  }
+  bool supportsSplitting() const override {
+    return true;
+  }
+  bool supportsCoalescing() const override {
+    return true;
+  }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(
+      std::vector<at::Tensor>& tensors,
+      const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(
+      std::vector<at::Tensor>& tensors,
+      const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(
+      std::vector<std::vector<at::Tensor>>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(
+      at::Tensor& output,
+      at::Tensor& input,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputLists,
+      std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(
+      std::vector<std::vector<at::Tensor>>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(
+      std::vector<at::Tensor>& outputs,
+      std::vector<std::vector<at::Tensor>>& inputs,
+      const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(
+      std::vector<at::Tensor>& outputs,
+      std::vector<std::vector<at::Tensor>>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output,
+      at::Tensor& input,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(
+      at::Tensor& output,
+      at::Tensor& input,
+      std::vector<int64_t>& outputSplits,
+      std::vector<int64_t>& inputSplits,
+      const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(
+      std::vector<at::Tensor>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work>
+  send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
+  c10::intrusive_ptr<c10d::Work>
+  recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
+  c10::intrusive_ptr<c10d::Work>
+  recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work>
+  barrier(const c10d::BarrierOptions& opts) override;
+
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override {
+    return seq_;
+  }
+
+  c10::intrusive_ptr<c10d::Backend> split(
+      const c10::intrusive_ptr<c10d::Store>& store,
+      const std::vector<int>& ranks,
+      const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
+  void eagerConnectSingleDevice(at::Device device) override;
+  c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override;
+  c10d::ErrorType getError() override;
+  void abort() override;
+  void shutdown() override;
+
+  const NcclCoreOptions& options() const {
+    return *options_;
+  }
+  // The communicator, created on first use; throws if the group failed.
+  Communicator& communicator(at::Device device);
+
+ private:
+  struct Launch;
+
+  // Runs `enqueue(comm, stream)` for one op. Synchronous ops run on the
+  // current stream; async (and coalesced) ones on the internal stream after
+  // the current one, with the tensors kept alive until the op completes.
+  template <typename Enqueue>
+  c10::intrusive_ptr<c10d::Work> launch(
+      c10d::OpType type,
+      const char* name,
+      at::Device device,
+      bool asyncOp,
+      std::chrono::milliseconds timeout,
+      std::vector<at::Tensor> outputs,
+      std::vector<at::Tensor> inputs,
+      Enqueue&& enqueue,
+      bool blocksHost = false);
+
+  // Checks that `tensor` is a CUDA tensor fit for NCCL, creating the
+  // communicator on its device on first use; returns that device.
+  c10::DeviceIndex
+  checkedDevice(const at::Tensor& tensor, const char* op, const char* what);
+
+  void initCommunicator(at::Device device);
+  void setupCommunicator(std::shared_ptr<Communicator> comm);
+  at::Device deviceForOpWithoutTensors(const std::vector<int64_t>& deviceIds);
+  void teardown(const std::string& reason);
+
+  const c10::intrusive_ptr<c10d::Store> store_;
+  const std::string groupName_;
+  const std::shared_ptr<const NcclCoreOptions> options_;
+  const std::chrono::milliseconds timeout_;
+
+  std::shared_ptr<FailureState> failure_ = std::make_shared<FailureState>();
+  std::shared_ptr<Communicator> comm_;
+  std::shared_ptr<EventPool> events_;
+  std::optional<c10::cuda::CUDAStream> stream_; // internal stream for async ops
+  EventPool::Event ready_; // reused to order the internal stream
+  std::unique_ptr<Watchdog> watchdog_;
+  uint64_t seq_ = 0;
+  int splitCount_ = 0;
+
+  // Coalescing (an NCCL group spanning several ops).
+  bool coalescing_ = false;
+  bool coalescedGroupOpen_ = false;
+  std::vector<at::Tensor> coalescedTensors_;
+  std::optional<at::Device> coalescedDevice_;
+};
+
+} // namespace nccl_core

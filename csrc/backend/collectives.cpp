@@ -1,0 +1,476 @@
+// Collectives of NcclCoreBackend. Each one checks its arguments, then hands
+// launch() the NCCL calls to enqueue.
+#include <memory>
+
+#include "backend/dispatch.h"
+#include "backend/launch.h"
+
+namespace nccl_core {
+
+namespace {
+
+// Data movement needs no dtype: such ops move bytes, so any dtype works.
+NcclBuffer bytesOf(const at::Tensor& tensor) {
+  return {tensor.data_ptr(), static_cast<size_t>(tensor.nbytes()), ncclUint8};
+}
+
+std::vector<at::Tensor>
+withFactor(std::vector<at::Tensor> tensors, const ReduceOp& op) {
+  if (op.factor().defined()) {
+    tensors.push_back(op.factor());
+  }
+  return tensors;
+}
+
+void checkNumel(
+    const at::Tensor& tensor,
+    int64_t expected,
+    const char* op,
+    const char* what) {
+  TORCH_CHECK_VALUE(
+      tensor.numel() == expected,
+      "nccl_core ",
+      op,
+      ": ",
+      what,
+      " has ",
+      tensor.numel(),
+      " elements, expected ",
+      expected);
+}
+
+void checkRootTensor(int64_t rootTensor, const char* op) {
+  TORCH_CHECK_VALUE(
+      rootTensor == 0,
+      "nccl_core ",
+      op,
+      ": rootTensor must be 0 (one tensor per process), got ",
+      rootTensor);
+}
+
+} // namespace
+
+c10::intrusive_ptr<c10d::Work> NcclCoreBackend::broadcast(
+    std::vector<at::Tensor>& tensors,
+    const c10d::BroadcastOptions& opts) {
+  constexpr const char* kOp = "broadcast";
+  const at::Tensor& tensor = singleTensor(tensors, kOp, "tensor");
+  checkedDevice(tensor, kOp, "tensor");
+  checkRank(opts.rootRank, getSize(), kOp, "root");
+  checkRootTensor(opts.rootTensor, kOp);
+  const NcclBuffer buf = bytesOf(tensor);
+  const int root = static_cast<int>(opts.rootRank);
+  return launch(
+      c10d::OpType::BROADCAST,
+      kOp,
+      tensor.device(),
+      opts.asyncOp,
+      opts.timeout,
+      {tensor},
+      {},
+      [&](ncclComm_t comm, cudaStream_t stream) {
+        return ncclBroadcast(
+            buf.ptr, buf.ptr, buf.count, buf.dtype, root, comm, stream);
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce(
+    std::vector<at::Tensor>& tensors,
+    const c10d::AllreduceOptions& opts) {
+  constexpr const char* kOp = "allreduce";
+  const at::Tensor& tensor = singleTensor(tensors, kOp, "tensor");
+  checkedDevice(tensor, kOp, "tensor");
+  const NcclBuffer buf = bufferOf(tensor, kOp);
+  const ReduceOp op(opts.reduceOp, tensor, comm_->get(), kOp);
+  return launch(
+      c10d::OpType::ALLREDUCE,
+      kOp,
+      tensor.device(),
+      opts.asyncOp,
+      opts.timeout,
+      {tensor},
+      withFactor({}, op),
+      [&](ncclComm_t comm, cudaStream_t stream) {
+        return ncclAllReduce(
+            buf.ptr, buf.ptr, buf.count, buf.dtype, op.get(), comm, stream);
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors,
+    const c10d::AllreduceCoalescedOptions& opts) {
+  constexpr const char* kOp = "allreduce_coalesced";
+  TORCH_CHECK_VALUE(
+      !tensors.empty(), "nccl_core ", kOp, ": expected at least one tensor");
+  std::vector<NcclBuffer> bufs;
+  std::vector<std::unique_ptr<ReduceOp>> ops;
+  std::vector<at::Tensor> factors;
+  for (const auto& tensor : tensors) {
+    checkedDevice(tensor, kOp, "tensor");
+    TORCH_CHECK_VALUE(
+        tensor.device() == tensors.front().device(),
+        "nccl_core ",
+        kOp,
+        ": all tensors must be on one device");
+    bufs.push_back(bufferOf(tensor, kOp));
+    ops.push_back(
+        std::make_unique<ReduceOp>(opts.reduceOp, tensor, comm_->get(), kOp));
+    factors = withFactor(std::move(factors), *ops.back());
+  }
+  return launch(
+      c10d::OpType::ALLREDUCE_COALESCED,
+      kOp,
+      tensors.front().device(),
+      opts.asyncOp,
+      opts.timeout,
+      tensors,
+      factors,
+      [&](ncclComm_t comm, cudaStream_t stream) {
+        NcclGroup group;
+        for (size_t i = 0; i < bufs.size(); ++i) {
+          NCCL_CORE_CHECK(ncclAllReduce(
+              bufs[i].ptr,
+              bufs[i].ptr,
+              bufs[i].count,
+              bufs[i].dtype,
+              ops[i]->get(),
+              comm,
+              stream));
+        }
+        return group.end();
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce(
+    std::vector<at::Tensor>& tensors,
+    const c10d::ReduceOptions& opts) {
+  constexpr const char* kOp = "reduce";
+  const at::Tensor& tensor = singleTensor(tensors, kOp, "tensor");
+  checkedDevice(tensor, kOp, "tensor");
+  checkRank(opts.rootRank, getSize(), kOp, "root");
+  checkRootTensor(opts.rootTensor, kOp);
+  const NcclBuffer buf = bufferOf(tensor, kOp);
+  const ReduceOp op(opts.reduceOp, tensor, comm_->get(), kOp);
+  const int root = static_cast<int>(opts.rootRank);
+  return launch(
+      c10d::OpType::REDUCE,
+      kOp,
+      tensor.device(),
+      opts.asyncOp,
+      opts.timeout,
+      {tensor},
+      withFactor({}, op),
+      [&](ncclComm_t comm, cudaStream_t stream) {
+        return ncclReduce(
+            buf.ptr,
+            buf.ptr,
+            buf.count,
+            buf.dtype,
+            op.get(),
+            root,
+            comm,
+            stream);
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs,
+    std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  constexpr const char* kOp = "allgather";
+  const at::Tensor& input = singleTensor(inputs, kOp, "input");
+  const c10::DeviceIndex device = checkedDevice(input, kOp, "input");
+  TORCH_CHECK_VALUE(
+      outputs.size() == 1,
+      "nccl_core ",
+      kOp,
+      ": expected one output list, got ",
+      outputs.size());
+  std::vector<at::Tensor>& list = outputs.front();
+  checkPerRankList(
+      list, getSize(), device, input.scalar_type(), kOp, "output list");
+  checkNumel(list[getRank()], input.numel(), kOp, "this rank's output");
+  // One broadcast per rank in a group: also gathers tensors of different
+  // sizes per rank.
+  return launch(
+      c10d::OpType::ALLGATHER,
+      kOp,
+      input.device(),
+      opts.asyncOp,
+      opts.timeout,
+      list,
+      {input},
+      [&](ncclComm_t comm, cudaStream_t stream) {
+        NcclGroup group;
+        for (int r = 0; r < getSize(); ++r) {
+          const NcclBuffer out = bytesOf(list[r]);
+          const void* send = r == getRank() ? input.data_ptr() : out.ptr;
+          NCCL_CORE_CHECK(ncclBroadcast(
+              send, out.ptr, out.count, out.dtype, r, comm, stream));
+        }
+        return group.end();
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> NcclCoreBackend::_allgather_base(
+    at::Tensor& output,
+    at::Tensor& input,
+    const c10d::AllgatherOptions& opts) {
+  constexpr const char* kOp = "allgather_into_tensor";
+  const c10::DeviceIndex device = checkedDevice(input, kOp, "input");
+  checkTensor(output, device, kOp, "output");
+  checkSameDtype(input, output, kOp);
+  checkNumel(output, input.numel() * getSize(), kOp, "output");
+  const NcclBuffer in = bytesOf(input);
+  void* out = output.data_ptr();
+  return launch(
+      c10d::OpType::_ALLGATHER_BASE,
+      kOp,
+      input.device(),
+      opts.asyncOp,
+      opts.timeout,
+      {output},
+      {input},
+      [&](ncclComm_t comm, cudaStream_t stream) {
+        return ncclAllGather(in.ptr, out, in.count, in.dtype, comm, stream);
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputLists,
+    std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  constexpr const char* kOp = "allgather_coalesced";
+  TORCH_CHECK_VALUE(
+      !inputs.empty(), "nccl_core ", kOp, ": expected at least one input");
+  TORCH_CHECK_VALUE(
+      static_cast<int>(outputLists.size()) == getSize(),
+      "nccl_core ",
+      kOp,
+      ": expected one output list per rank (",
+      getSize(),
+      "), got ",
+      outputLists.size());
+  std::vector<at::Tensor> outputs;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const c10::DeviceIndex device = checkedDevice(inputs[i], kOp, "input");
+    for (auto& list : outputLists) {
+      TORCH_CHECK_VALUE(
+          list.size() == inputs.size(),
+          "nccl_core ",
+          kOp,
+          ": every output list must hold ",
+          inputs.size(),
+          " tensors, got ",
+          list.size());
+      checkTensor(list[i], device, kOp, "output");
+      checkSameDtype(inputs[i], list[i], kOp);
+      checkNumel(list[i], inputs[i].numel(), kOp, "output");
+      outputs.push_back(list[i]);
+    }
+  }
+  return launch(
+      c10d::OpType::ALLGATHER_COALESCED,
+      kOp,
+      inputs.front().device(),
+      opts.asyncOp,
+      opts.timeout,
+      outputs,
+      inputs,
+      [&](ncclComm_t comm, cudaStream_t stream) {
+        NcclGroup group;
+        for (int r = 0; r < getSize(); ++r) {
+          for (size_t i = 0; i < inputs.size(); ++i) {
+            const NcclBuffer out = bytesOf(outputLists[r][i]);
+            const void* send = r == getRank() ? inputs[i].data_ptr() : out.ptr;
+            NCCL_CORE_CHECK(ncclBroadcast(
+                send, out.ptr, out.count, out.dtype, r, comm, stream));
+          }
+        }
+        return group.end();
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs,
+    std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  constexpr const char* kOp = "allgather_into_tensor_coalesced";
+  TORCH_CHECK_VALUE(
+      !inputs.empty() && inputs.size() == outputs.size(),
+      "nccl_core ",
+      kOp,
+      ": expected as many outputs as inputs (at least one), got ",
+      outputs.size(),
+      " and ",
+      inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const c10::DeviceIndex device = checkedDevice(inputs[i], kOp, "input");
+    checkTensor(outputs[i], device, kOp, "output");
+    checkSameDtype(inputs[i], outputs[i], kOp);
+    checkNumel(outputs[i], inputs[i].numel() * getSize(), kOp, "output");
+  }
+  return launch(
+      c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED,
+      kOp,
+      inputs.front().device(),
+      opts.asyncOp,
+      opts.timeout,
+      outputs,
+      inputs,
+      [&](ncclComm_t comm, cudaStream_t stream) {
+        NcclGroup group;
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          const NcclBuffer in = bytesOf(inputs[i]);
+          NCCL_CORE_CHECK(ncclAllGather(
+              in.ptr, outputs[i].data_ptr(), in.count, in.dtype, comm, stream));
+        }
+        return group.end();
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter(
+    std::vector<at::Tensor>& outputs,
+    std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  constexpr const char* kOp = "reduce_scatter";
+  const at::Tensor& output = singleTensor(outputs, kOp, "output");
+  const c10::DeviceIndex device = checkedDevice(output, kOp, "output");
+  TORCH_CHECK_VALUE(
+      inputs.size() == 1,
+      "nccl_core ",
+      kOp,
+      ": expected one input list, got ",
+      inputs.size());
+  std::vector<at::Tensor>& list = inputs.front();
+  checkPerRankList(
+      list, getSize(), device, output.scalar_type(), kOp, "input list");
+  checkNumel(list[getRank()], output.numel(), kOp, "this rank's input");
+  const NcclBuffer out = bufferOf(output, kOp);
+  const ReduceOp op(opts.reduceOp, output, comm_->get(), kOp);
+  // One reduce per rank in a group: also handles sizes that differ per rank.
+  return launch(
+      c10d::OpType::REDUCE_SCATTER,
+      kOp,
+      output.device(),
+      opts.asyncOp,
+      opts.timeout,
+      {output},
+      withFactor(list, op),
+      [&](ncclComm_t comm, cudaStream_t stream) {
+        NcclGroup group;
+        for (int r = 0; r < getSize(); ++r) {
+          const NcclBuffer in = bufferOf(list[r], kOp);
+          NCCL_CORE_CHECK(ncclReduce(
+              in.ptr, out.ptr, in.count, in.dtype, op.get(), r, comm, stream));
+        }
+        return group.end();
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> NcclCoreBackend::_reduce_scatter_base(
+    at::Tensor& output,
+    at::Tensor& input,
+    const c10d::ReduceScatterOptions& opts) {
+  constexpr const char* kOp = "reduce_scatter_tensor";
+  const c10::DeviceIndex device = checkedDevice(input, kOp, "input");
+  checkTensor(output, device, kOp, "output");
+  checkSameDtype(input, output, kOp);
+  checkNumel(input, output.numel() * getSize(), kOp, "input");
+  const NcclBuffer out = bufferOf(output, kOp);
+  void* in = input.data_ptr();
+  const ReduceOp op(opts.reduceOp, output, comm_->get(), kOp);
+  return launch(
+      c10d::OpType::_REDUCE_SCATTER_BASE,
+      kOp,
+      input.device(),
+      opts.asyncOp,
+      opts.timeout,
+      {output},
+      withFactor({input}, op),
+      [&](ncclComm_t comm, cudaStream_t stream) {
+        return ncclReduceScatter(
+            in, out.ptr, out.count, out.dtype, op.get(), comm, stream);
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs,
+    std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  constexpr const char* kOp = "reduce_scatter_tensor_coalesced";
+  TORCH_CHECK_VALUE(
+      !inputs.empty() && inputs.size() == outputs.size(),
+      "nccl_core ",
+      kOp,
+      ": expected as many outputs as inputs (at least one), got ",
+      outputs.size(),
+      " and ",
+      inputs.size());
+  std::vector<std::unique_ptr<ReduceOp>> ops;
+  std::vector<at::Tensor> stash = inputs;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const c10::DeviceIndex device = checkedDevice(inputs[i], kOp, "input");
+    checkTensor(outputs[i], device, kOp, "output");
+    checkSameDtype(inputs[i], outputs[i], kOp);
+    checkNumel(inputs[i], outputs[i].numel() * getSize(), kOp, "input");
+    bufferOf(outputs[i], kOp); // dtype check before any NCCL call
+    ops.push_back(
+        std::make_unique<ReduceOp>(
+            opts.reduceOp, outputs[i], comm_->get(), kOp));
+    stash = withFactor(std::move(stash), *ops.back());
+  }
+  return launch(
+      c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED,
+      kOp,
+      inputs.front().device(),
+      opts.asyncOp,
+      opts.timeout,
+      outputs,
+      stash,
+      [&](ncclComm_t comm, cudaStream_t stream) {
+        NcclGroup group;
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          const NcclBuffer out = bufferOf(outputs[i], kOp);
+          NCCL_CORE_CHECK(ncclReduceScatter(
+              inputs[i].data_ptr(),
+              out.ptr,
+              out.count,
+              out.dtype,
+              ops[i]->get(),
+              comm,
+              stream));
+        }
+        return group.end();
+      });
+}
+
+c10::intrusive_ptr<c10d::Work>
+NcclCoreBackend::barrier(const c10d::BarrierOptions& opts) {
+  const at::Device device = deviceForOpWithoutTensors(opts.device_ids);
+  communicator(device);
+  at::Tensor token =
+      at::zeros({1}, at::TensorOptions().device(device).dtype(at::kFloat));
+  // wait() on a barrier blocks the host until every rank has arrived.
+  return launch(
+      c10d::OpType::BARRIER,
+      "barrier",
+      device,
+      true,
+      opts.timeout,
+      {token},
+      {},
+      [&](ncclComm_t comm, cudaStream_t stream) {
+        return ncclAllReduce(
+            token.data_ptr(),
+            token.data_ptr(),
+            1,
+            ncclFloat32,
+            ncclSum,
+            comm,
+            stream);
+      },
+      /*blocksHost=*/true);
+}
+
+} // namespace nccl_core

@@ -1,0 +1,69 @@
+#include "backend/options.h"
+
+#include <c10/util/Exception.h>
+
+namespace nccl_core {
+
+void NcclCoreOptions::validate() const {
+  if (timeout) {
+    TORCH_CHECK_VALUE(
+        timeout->count() > 0,
+        "Options.timeout must be positive, got ",
+        timeout->count(),
+        " ms");
+  }
+  if (cgaClusterSize) {
+    TORCH_CHECK_VALUE(
+        *cgaClusterSize >= 0 && *cgaClusterSize <= 8,
+        "Options.cga_cluster_size must be in [0, 8], got ",
+        *cgaClusterSize);
+  }
+  for (const auto& [name, value] :
+       {std::pair{"min_ctas", minCtas}, std::pair{"max_ctas", maxCtas}}) {
+    if (value) {
+      TORCH_CHECK_VALUE(
+          *value >= 1 && *value <= 64,
+          "Options.",
+          name,
+          " must be in [1, 64], got ",
+          *value);
+    }
+  }
+  if (minCtas && maxCtas) {
+    TORCH_CHECK_VALUE(
+        *minCtas <= *maxCtas,
+        "Options.min_ctas (",
+        *minCtas,
+        ") must not exceed Options.max_ctas (",
+        *maxCtas,
+        ")");
+  }
+}
+
+ncclConfig_t NcclCoreOptions::toNcclConfig() const {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  if (blocking) {
+    config.blocking = *blocking ? 1 : 0;
+  }
+  if (cgaClusterSize) {
+    config.cgaClusterSize = *cgaClusterSize;
+  }
+  if (minCtas) {
+    config.minCTAs = *minCtas;
+  }
+  if (maxCtas) {
+    config.maxCTAs = *maxCtas;
+  }
+  if (netName) {
+    config.netName = netName->c_str();
+  }
+  if (splitShare) {
+    config.splitShare = *splitShare ? 1 : 0;
+  }
+  if (commName) {
+    config.commName = commName->c_str();
+  }
+  return config;
+}
+
+} // namespace nccl_core

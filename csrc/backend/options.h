@@ -1,0 +1,34 @@
+// User options of the nccl_core backend (torch_nccl_core.Options) and their
+// translation to ncclConfig_t.
+#pragma once
+
+#include <nccl.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+
+namespace nccl_core {
+
+struct NcclCoreOptions {
+  // Unset: the timeout torch.distributed passes when it creates the group.
+  std::optional<std::chrono::milliseconds> timeout;
+  bool highPriorityStream = false;
+  // Unset fields keep NCCL's own defaults (and its NCCL_* environment).
+  std::optional<bool> blocking;
+  std::optional<int> cgaClusterSize;
+  std::optional<int> minCtas;
+  std::optional<int> maxCtas;
+  std::optional<std::string> netName;
+  std::optional<bool> splitShare;
+  std::optional<std::string> commName;
+
+  // Raises ValueError for out-of-range values.
+  void validate() const;
+
+  // The returned config points into this object's strings: keep it alive
+  // while NCCL uses the config.
+  ncclConfig_t toNcclConfig() const;
+};
+
+} // namespace nccl_core

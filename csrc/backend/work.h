@@ -1,0 +1,77 @@
+// c10d::Work of the nccl_core backend. An async op's Work owns the event
+// recorded after it and keeps its tensors alive until the watchdog sees it
+// complete. A synchronous op's Work has no event: the op is already ordered on
+// the caller's stream.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backend/event_pool.h"
+#include "backend/failure.h"
+
+namespace nccl_core {
+
+struct OpInfo {
+  c10d::OpType type;
+  const char* name; // static string, e.g. "allreduce"
+  uint64_t seq;
+};
+
+class NcclWork : public c10d::Work {
+ public:
+  NcclWork(
+      OpInfo info,
+      at::Device device,
+      std::string groupName,
+      EventPool::Event end,
+      std::chrono::milliseconds timeout,
+      std::vector<at::Tensor> outputs,
+      std::vector<at::Tensor> stash,
+      bool blocksHost);
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  // Orders the current stream after the op. Blocks the host too for
+  // barrier(), for an explicit timeout, or when
+  // TORCH_NCCL_CORE_BLOCKING_WAIT=1.
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  void synchronize() override;
+  std::vector<at::Tensor> result() override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  uint64_t getSequencenumber() const override;
+
+  // For the watchdog.
+  bool gpuDone() const;
+  bool tracked() const {
+    return end_ != nullptr;
+  }
+  bool pastDeadline(std::chrono::steady_clock::time_point now) const {
+    return now > deadline_;
+  }
+  std::string describe() const;
+  void markFailed(const std::string& message);
+  void releaseStash();
+
+ private:
+  void waitOnHost(std::chrono::milliseconds timeout);
+
+  const OpInfo info_;
+  const at::Device device_;
+  const std::string groupName_;
+  const EventPool::Event end_;
+  const std::chrono::steady_clock::time_point deadline_;
+  const bool blocksHost_;
+  std::vector<at::Tensor> outputs_;
+  std::vector<at::Tensor> stash_;
+  FailureState failure_;
+  std::mutex futureMutex_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+} // namespace nccl_core

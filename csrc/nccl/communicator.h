@@ -1,0 +1,82 @@
+// Move-only RAII owner of one ncclComm_t. Nothing outside csrc/nccl calls
+// ncclComm* directly.
+#pragma once
+
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+
+namespace nccl_core {
+
+class Communicator {
+ public:
+  // Collective over `nranks` processes that share `id`. `timeout` bounds the
+  // wait of a nonblocking (config.blocking == 0) initialization.
+  static std::shared_ptr<Communicator> create(
+      int nranks,
+      int rank,
+      const ncclUniqueId& id,
+      int device,
+      ncclConfig_t config,
+      std::chrono::milliseconds timeout);
+
+  // ncclCommSplit, collective over this communicator. Returns nullptr on a
+  // rank that passes color < 0 (it joins no new communicator).
+  std::shared_ptr<Communicator> split(int color, int key, ncclConfig_t config);
+
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+  ~Communicator();
+
+  // The raw handle, for enqueueing operations. Throws DistBackendError once
+  // the communicator was aborted.
+  ncclComm_t get() const;
+
+  int rank() const {
+    return rank_;
+  }
+  int size() const {
+    return size_;
+  }
+  int device() const {
+    return device_;
+  }
+  bool isAborted() const {
+    return aborted_.load(std::memory_order_acquire);
+  }
+
+  // Frees the communicator and makes any operation still running on it
+  // return. Idempotent, never throws, never waits for peers.
+  void abort() noexcept;
+
+  // The asynchronous error NCCL recorded, ncclSuccess when there is none.
+  ncclResult_t asyncError() const;
+
+  // For nonblocking communicators: waits until the last call is no longer
+  // ncclInProgress, raising DistBackendError if it failed or took longer
+  // than the timeout. A no-op for blocking ones.
+  void settle(ncclResult_t result, const char* call);
+
+ private:
+  Communicator(
+      ncclComm_t comm,
+      int rank,
+      int size,
+      int device,
+      bool nonblocking,
+      std::chrono::milliseconds timeout);
+
+  ncclComm_t comm_;
+  const int rank_;
+  const int size_;
+  const int device_;
+  const bool nonblocking_;
+  const std::chrono::milliseconds timeout_;
+  std::atomic<bool> aborted_{false};
+  std::mutex abortMutex_;
+};
+
+} // namespace nccl_core

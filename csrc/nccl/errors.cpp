@@ -1,0 +1,76 @@
+#include "nccl/errors.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
+
+namespace nccl_core {
+
+const char* resultName(ncclResult_t result) {
+  switch (result) {
+    case ncclSuccess:
+      return "ncclSuccess";
+    case ncclUnhandledCudaError:
+      return "ncclUnhandledCudaError";
+    case ncclSystemError:
+      return "ncclSystemError";
+    case ncclInternalError:
+      return "ncclInternalError";
+    case ncclInvalidArgument:
+      return "ncclInvalidArgument";
+    case ncclInvalidUsage:
+      return "ncclInvalidUsage";
+    case ncclRemoteError:
+      return "ncclRemoteError";
+    case ncclInProgress:
+      return "ncclInProgress";
+    default:
+      return "ncclUnknownResult";
+  }
+}
+
+namespace {
+std::string describe(
+    ncclResult_t result,
+    const char* call,
+    const char* file,
+    int line,
+    ncclComm_t comm) {
+  std::string msg = c10::str(
+      "NCCL error in ",
+      call,
+      " (",
+      file,
+      ":",
+      line,
+      "): ",
+      resultName(result),
+      " (",
+      static_cast<int>(result),
+      "): ",
+      ncclGetErrorString(result));
+  const char* last = ncclGetLastError(comm);
+  if (last != nullptr && last[0] != '\0') {
+    msg += c10::str(". Last NCCL error: ", last);
+  }
+  return msg;
+}
+} // namespace
+
+void throwNcclError(
+    ncclResult_t result,
+    const char* call,
+    const char* file,
+    int line,
+    ncclComm_t comm) {
+  C10_THROW_ERROR(DistBackendError, describe(result, call, file, line, comm));
+}
+
+void warnNcclError(
+    ncclResult_t result,
+    const char* call,
+    const char* file,
+    int line) {
+  LOG(WARNING) << "[nccl_core] " << describe(result, call, file, line, nullptr);
+}
+
+} // namespace nccl_core

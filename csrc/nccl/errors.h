@@ -1,0 +1,46 @@
+// NCCL result codes -> C++ exceptions, in one place.
+#pragma once
+
+#include <nccl.h>
+
+#include <string>
+
+namespace nccl_core {
+
+// Human-readable name of an NCCL result code ("ncclUnhandledCudaError").
+const char* resultName(ncclResult_t result);
+
+// Throws c10::DistBackendError naming the failed call, where it was made, the
+// NCCL status and NCCL's last error text (shown as torch.distributed.
+// DistBackendError in Python).
+[[noreturn]] void throwNcclError(
+    ncclResult_t result,
+    const char* call,
+    const char* file,
+    int line,
+    ncclComm_t comm = nullptr);
+
+// For destructors and teardown paths, where throwing is not an option.
+void warnNcclError(
+    ncclResult_t result,
+    const char* call,
+    const char* file,
+    int line);
+
+} // namespace nccl_core
+
+// ncclInProgress is not a failure: nonblocking communicators report it while
+// an operation is still being set up, and Communicator::waitReady settles it.
+#define NCCL_CORE_CHECK(call)                                              \
+  do {                                                                     \
+    ncclResult_t result_ = (call);                                         \
+    if (C10_UNLIKELY(result_ != ncclSuccess && result_ != ncclInProgress)) \
+      ::nccl_core::throwNcclError(result_, #call, __FILE__, __LINE__);     \
+  } while (0)
+
+#define NCCL_CORE_WARN(call)                                          \
+  do {                                                                \
+    ncclResult_t result_ = (call);                                    \
+    if (result_ != ncclSuccess && result_ != ncclInProgress)          \
+      ::nccl_core::warnNcclError(result_, #call, __FILE__, __LINE__); \
+  } while (0)

@@ -1,0 +1,109 @@
+#include "nccl/version.h"
+
+#include <dlfcn.h>
+#include <nccl.h>
+
+#include <c10/util/Exception.h>
+
+#include "nccl/errors.h"
+
+namespace nccl_core {
+
+namespace {
+
+struct FeatureInfo {
+  const char* name;
+  int minCode;
+  const char* minText;
+};
+
+FeatureInfo info(Feature feature) {
+  switch (feature) {
+    case Feature::Float8:
+      return {"float8", NCCL_VERSION(2, 24, 0), "2.24"};
+    case Feature::WindowRegistration:
+      return {"window_registration", NCCL_VERSION(2, 27, 0), "2.27"};
+    case Feature::DeviceApi:
+      return {"device_api", NCCL_VERSION(2, 28, 0), "2.28"};
+    case Feature::HostOneSided:
+      return {"host_one_sided", NCCL_VERSION(2, 29, 0), "2.29"};
+    case Feature::WindowHostPointers:
+      return {"window_host_pointers", NCCL_VERSION(2, 29, 0), "2.29"};
+  }
+  return {"unknown", 0, "?"};
+}
+
+constexpr Feature kAllFeatures[] = {
+    Feature::Float8,
+    Feature::WindowRegistration,
+    Feature::DeviceApi,
+    Feature::HostOneSided,
+    Feature::WindowHostPointers};
+
+} // namespace
+
+const NcclVersion& runtimeVersion() {
+  static const NcclVersion version = [] {
+    int code = 0;
+    NCCL_CORE_CHECK(ncclGetVersion(&code));
+    // Since 2.9 the code is major * 10000 + minor * 100 + patch.
+    return NcclVersion{code / 10000, (code % 10000) / 100, code % 100, code};
+  }();
+  return version;
+}
+
+bool hasFeature(Feature feature) {
+  return runtimeVersion().code >= info(feature).minCode;
+}
+
+void requireFeature(Feature feature, const char* what) {
+  if (hasFeature(feature)) {
+    return;
+  }
+  const auto& v = runtimeVersion();
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      false,
+      what,
+      " needs NCCL >= ",
+      info(feature).minText,
+      ", but the loaded NCCL is ",
+      v.major,
+      ".",
+      v.minor,
+      ".",
+      v.patch);
+}
+
+std::map<std::string, bool> featureMap() {
+  std::map<std::string, bool> features;
+  for (Feature feature : kAllFeatures) {
+    features[info(feature).name] = hasFeature(feature);
+  }
+  // Always present on the NCCL >= 2.28 this package requires; listed so
+  // callers can test for them uniformly.
+  for (const char* name :
+       {"comm_split",
+        "nonblocking_init",
+        "premul_sum",
+        "bfloat16",
+        "buffer_registration",
+        "mem_alloc",
+        "all_to_all",
+        "gather",
+        "scatter"}) {
+    features[name] = true;
+  }
+  return features;
+}
+
+void* findSymbol(const char* name) {
+  // libnccl.so.2 is already loaded (torch and this extension link it):
+  // RTLD_NOLOAD returns that very instance instead of loading another copy.
+  static void* handle = [] {
+    void* h = dlopen("libnccl.so.2", RTLD_LAZY | RTLD_NOLOAD);
+    return h != nullptr ? h : RTLD_DEFAULT;
+  }();
+  return dlsym(handle, name);
+}
+
+} // namespace nccl_core

@@ -1,0 +1,43 @@
+// The one seam where NCCL version differences are decided: the runtime
+// library's version and the features it offers. Symbols newer than NCCL 2.28
+// are looked up with dlsym so one build loads on every NCCL >= 2.28.
+#pragma once
+
+#include <map>
+#include <string>
+
+namespace nccl_core {
+
+struct NcclVersion {
+  int major;
+  int minor;
+  int patch;
+  // NCCL_VERSION(major, minor, patch), comparable with NCCL_VERSION_CODE.
+  int code;
+};
+
+// The version of the libnccl.so.2 loaded in this process (not the headers').
+const NcclVersion& runtimeVersion();
+
+// Minimum runtime versions of optional features.
+enum class Feature {
+  Float8,             // ncclFloat8e4m3 / ncclFloat8e5m2
+  WindowRegistration, // ncclCommWindowRegister
+  DeviceApi,          // ncclDevCommCreate (device communicators)
+  HostOneSided,       // ncclPutSignal / ncclSignal / ncclWaitSignal
+  WindowHostPointers, // ncclWinGetUserPtr and host-side peer pointers
+};
+
+bool hasFeature(Feature feature);
+
+// Throws NotImplementedError naming the feature and the NCCL version it needs.
+void requireFeature(Feature feature, const char* what);
+
+// Every feature by name, for torch_nccl_core.features().
+std::map<std::string, bool> featureMap();
+
+// Address of an NCCL symbol in the loaded library, or nullptr when this NCCL
+// lacks it.
+void* findSymbol(const char* name);
+
+} // namespace nccl_core

@@ -1,0 +1,191 @@
+// pybind11 module torch_nccl_core._C: the backend class, its options, and
+// version / feature queries. Python code only adapts these to torch's API.
+#include <pybind11/chrono.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "backend/backend.h"
+#include "nccl/version.h"
+
+namespace py = pybind11;
+
+namespace nccl_core {
+namespace {
+
+void translateErrors(std::exception_ptr error) {
+  // Same mapping as torch's own bindings, for calls into this module.
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::DistBackendError& e) {
+    static py::handle distBackendError =
+        py::object(
+            py::module_::import("torch.distributed").attr("DistBackendError"))
+            .release();
+    PyErr_SetString(distBackendError.ptr(), e.what_without_backtrace());
+  } catch (const c10::ValueError& e) {
+    PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+  } catch (const c10::TypeError& e) {
+    PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
+  } catch (const c10::NotImplementedError& e) {
+    PyErr_SetString(PyExc_NotImplementedError, e.what_without_backtrace());
+  } catch (const c10::Error& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+  }
+}
+
+std::string pyStr(bool value) {
+  return value ? "True" : "False";
+}
+std::string pyStr(int value) {
+  return std::to_string(value);
+}
+
+std::string repr(const NcclCoreOptions& o) {
+  auto opt = [](const auto& value) {
+    return value ? pyStr(*value) : std::string("None");
+  };
+  auto optStr = [](const std::optional<std::string>& value) {
+    return value ? c10::str("'", *value, "'") : std::string("None");
+  };
+  return c10::str(
+      "Options(timeout=",
+      o.timeout ? c10::str(o.timeout->count(), " ms") : std::string("None"),
+      ", high_priority_stream=",
+      pyStr(o.highPriorityStream),
+      ", blocking=",
+      opt(o.blocking),
+      ", cga_cluster_size=",
+      opt(o.cgaClusterSize),
+      ", min_ctas=",
+      opt(o.minCtas),
+      ", max_ctas=",
+      opt(o.maxCtas),
+      ", net_name=",
+      optStr(o.netName),
+      ", split_share=",
+      opt(o.splitShare),
+      ", comm_name=",
+      optStr(o.commName),
+      ")");
+}
+
+void bindOptions(py::module_& m) {
+  py::class_<NcclCoreOptions, std::shared_ptr<NcclCoreOptions>>(
+      m, "Options", R"(Options of an nccl_core process group.
+
+Pass as ``pg_options`` to ``init_process_group`` / ``new_group``. Fields left
+``None`` keep NCCL's defaults (and its ``NCCL_*`` environment variables).)")
+      .def(
+          py::init([](std::optional<std::chrono::milliseconds> timeout,
+                      bool highPriorityStream,
+                      std::optional<bool> blocking,
+                      std::optional<int> cgaClusterSize,
+                      std::optional<int> minCtas,
+                      std::optional<int> maxCtas,
+                      std::optional<std::string> netName,
+                      std::optional<bool> splitShare,
+                      std::optional<std::string> commName) {
+            auto o = std::make_shared<NcclCoreOptions>();
+            o->timeout = timeout;
+            o->highPriorityStream = highPriorityStream;
+            o->blocking = blocking;
+            o->cgaClusterSize = cgaClusterSize;
+            o->minCtas = minCtas;
+            o->maxCtas = maxCtas;
+            o->netName = std::move(netName);
+            o->splitShare = splitShare;
+            o->commName = std::move(commName);
+            o->validate();
+            return o;
+          }),
+          py::kw_only(),
+          py::arg("timeout") = py::none(),
+          py::arg("high_priority_stream") = false,
+          py::arg("blocking") = py::none(),
+          py::arg("cga_cluster_size") = py::none(),
+          py::arg("min_ctas") = py::none(),
+          py::arg("max_ctas") = py::none(),
+          py::arg("net_name") = py::none(),
+          py::arg("split_share") = py::none(),
+          py::arg("comm_name") = py::none())
+      .def_readwrite("timeout", &NcclCoreOptions::timeout)
+      .def_readwrite(
+          "high_priority_stream", &NcclCoreOptions::highPriorityStream)
+      .def_readwrite("blocking", &NcclCoreOptions::blocking)
+      .def_readwrite("cga_cluster_size", &NcclCoreOptions::cgaClusterSize)
+      .def_readwrite("min_ctas", &NcclCoreOptions::minCtas)
+      .def_readwrite("max_ctas", &NcclCoreOptions::maxCtas)
+      .def_readwrite("net_name", &NcclCoreOptions::netName)
+      .def_readwrite("split_share", &NcclCoreOptions::splitShare)
+      .def_readwrite("comm_name", &NcclCoreOptions::commName)
+      .def("__repr__", &repr);
+}
+
+void bindBackend(py::module_& m) {
+  py::class_<
+      NcclCoreBackend,
+      c10d::Backend,
+      c10::intrusive_ptr<NcclCoreBackend>>(
+      m,
+      "NcclCoreBackend",
+      "The nccl_core c10d backend of one process group (one NCCL "
+      "communicator).")
+      .def(
+          py::init([](const c10::intrusive_ptr<c10d::Store>& store,
+                      int rank,
+                      int size,
+                      std::string groupName,
+                      const NcclCoreOptions& options,
+                      std::chrono::milliseconds defaultTimeout) {
+            TORCH_CHECK_VALUE(
+                size > 0 && rank >= 0 && rank < size,
+                "invalid rank ",
+                rank,
+                " for size ",
+                size);
+            return c10::make_intrusive<NcclCoreBackend>(
+                store,
+                rank,
+                size,
+                std::move(groupName),
+                std::make_shared<const NcclCoreOptions>(options),
+                defaultTimeout);
+          }),
+          py::arg("store"),
+          py::arg("rank"),
+          py::arg("size"),
+          py::arg("group_name"),
+          py::arg("options"),
+          py::arg("default_timeout"))
+      .def_property_readonly("options", [](const NcclCoreBackend& b) {
+        return NcclCoreOptions(b.options());
+      });
+}
+
+} // namespace
+
+PYBIND11_MODULE(_C, m) {
+  // The c10d classes this module derives from and takes as arguments.
+  py::module_::import("torch.distributed");
+  py::register_local_exception_translator(&translateErrors);
+  bindOptions(m);
+  bindBackend(m);
+  m.def(
+      "nccl_version",
+      [] {
+        const auto& v = runtimeVersion();
+        return py::make_tuple(v.major, v.minor, v.patch);
+      },
+      "(major, minor, patch) of the NCCL library loaded at run time.");
+  m.def(
+      "nccl_header_version",
+      [] { return NCCL_VERSION_CODE; },
+      "NCCL_VERSION_CODE this extension was built with.");
+  m.def(
+      "features",
+      &featureMap,
+      "What the loaded NCCL supports, by feature name.");
+}
+
+} // namespace nccl_core

@@ -1,0 +1,70 @@
+"""Build of torch-nccl-core: one C++ extension (torch_nccl_core._C) over NCCL.
+
+NCCL is taken from the nvidia-nccl-cu13 package that torch itself loads, unless
+NCCL_HOME, or NCCL_INCLUDE_DIR and NCCL_LIB_DIR, point elsewhere.
+"""
+
+import glob
+import os
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+# torch derives CUDA_HOME from the nvcc on PATH; a wrapper script there (as on
+# the project's build machines) would point it at the wrong prefix.
+if "CUDA_HOME" not in os.environ and os.path.exists("/usr/local/cuda/include/cuda_runtime_api.h"):
+    os.environ["CUDA_HOME"] = "/usr/local/cuda"
+
+from torch.utils.cpp_extension import BuildExtension, CUDAExtension
+
+ROOT = Path(__file__).parent
+
+
+def nccl_dirs() -> tuple[str, str]:
+    home = os.environ.get("NCCL_HOME")
+    include = os.environ.get("NCCL_INCLUDE_DIR") or (home and os.path.join(home, "include"))
+    lib = os.environ.get("NCCL_LIB_DIR") or (home and os.path.join(home, "lib"))
+    if not (include and lib):
+        import nvidia.nccl
+
+        package = Path(next(iter(nvidia.nccl.__path__)))
+        include = include or str(package / "include")
+        lib = lib or str(package / "lib")
+    if not os.path.exists(os.path.join(include, "nccl.h")):
+        raise RuntimeError(f"nccl.h not found in {include}; set NCCL_HOME or NCCL_INCLUDE_DIR")
+    return include, lib
+
+
+def version() -> str:
+    text = (ROOT / "torch_nccl_core" / "_version.py").read_text()
+    return re.search(r'__version__ = "([^"]+)"', text).group(1)
+
+
+nccl_include, nccl_lib = nccl_dirs()
+sources = sorted(glob.glob("csrc/**/*.cpp", recursive=True))
+
+setup(
+    name="torch-nccl-core",
+    version=version(),
+    description="A PyTorch distributed backend with the newest NCCL features",
+    packages=find_packages(include=["torch_nccl_core", "torch_nccl_core.*"]),
+    package_data={"torch_nccl_core": ["py.typed", "*.pyi"]},
+    python_requires=">=3.10",
+    ext_modules=[
+        CUDAExtension(
+            name="torch_nccl_core._C",
+            sources=sources,
+            include_dirs=[str(ROOT / "csrc"), nccl_include],
+            library_dirs=[nccl_lib],
+            # The exact soname torch loads, so both share one NCCL instance.
+            libraries=[":libnccl.so.2"],
+            # Our code is C++17; torch picks the -std flag its headers need.
+            extra_compile_args={"cxx": ["-O2"], "nvcc": ["-O2"]},
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension},
+    entry_points={
+        "torch.distributed.backends": ["nccl_core = torch_nccl_core._registration:register"]
+    },
+)

@@ -1,0 +1,144 @@
+"""Package, registration and options: everything checkable without a GPU."""
+
+import datetime
+import importlib.metadata
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import torch_nccl_core
+from torch_nccl_core import _C, _registration
+
+
+def test_version_and_nccl_version():
+    assert torch_nccl_core.__version__ == importlib.metadata.version("torch-nccl-core")
+    version = torch_nccl_core.nccl_version()
+    assert isinstance(version, tuple) and len(version) == 3
+    assert version >= (2, 28, 0)
+    # The headers the extension was built with are NCCL >= 2.28 too.
+    assert _C.nccl_header_version() >= 22800
+    if torch.cuda.nccl.is_available([]):
+        assert version == torch.cuda.nccl.version()[:3]
+
+
+def test_features_follow_the_runtime_version():
+    features = torch_nccl_core.features()
+    assert all(isinstance(v, bool) for v in features.values())
+    version = torch_nccl_core.nccl_version()
+    assert features["float8"] == (version >= (2, 24, 0))
+    assert features["window_registration"] == (version >= (2, 27, 0))
+    assert features["device_api"] == (version >= (2, 28, 0))
+    assert features["host_one_sided"] == (version >= (2, 29, 0))
+
+
+def test_backend_registered_for_cuda():
+    assert "nccl_core" in dist.Backend.backend_list
+    assert dist.Backend("nccl_core") == "nccl_core"
+    assert dist.Backend.backend_capability["nccl_core"] == ["cuda"]
+    assert dist.Backend.backend_type_map["nccl_core"] == dist.ProcessGroup.BackendType.CUSTOM
+
+
+def test_register_is_idempotent():
+    _registration.register()
+    _registration.register()
+    assert dist.Backend.backend_list.count("nccl_core") == 1
+
+
+def test_entry_point_declared():
+    eps = importlib.metadata.entry_points(group="torch.distributed.backends")
+    (ep,) = [ep for ep in eps if ep.name == "nccl_core"]
+    assert ep.load() is _registration.register
+
+
+def test_options_defaults_and_round_trip():
+    o = torch_nccl_core.Options()
+    assert o.timeout is None and o.blocking is None and o.comm_name is None
+    assert o.high_priority_stream is False
+    o = torch_nccl_core.Options(
+        timeout=datetime.timedelta(seconds=7),
+        high_priority_stream=True,
+        blocking=False,
+        cga_cluster_size=4,
+        min_ctas=2,
+        max_ctas=16,
+        net_name="Socket",
+        split_share=True,
+        comm_name="trainer",
+    )
+    assert o.timeout == datetime.timedelta(seconds=7)
+    assert (o.blocking, o.cga_cluster_size, o.min_ctas, o.max_ctas) == (False, 4, 2, 16)
+    assert (o.net_name, o.split_share, o.comm_name) == ("Socket", True, "trainer")
+    assert "comm_name='trainer'" in repr(o) and "high_priority_stream=True" in repr(o)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"min_ctas": 0}, "min_ctas must be in"),
+        ({"max_ctas": 65}, "max_ctas must be in"),
+        ({"min_ctas": 8, "max_ctas": 4}, "must not exceed"),
+        ({"cga_cluster_size": 9}, "cga_cluster_size must be in"),
+        ({"timeout": datetime.timedelta(seconds=-1)}, "timeout must be positive"),
+    ],
+)
+def test_options_reject_out_of_range(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        torch_nccl_core.Options(**kwargs)
+
+
+def test_options_are_keyword_only():
+    with pytest.raises(TypeError):
+        torch_nccl_core.Options(datetime.timedelta(seconds=1))
+
+
+@pytest.fixture
+def single_rank_group(tmp_path):
+    """A one-rank default group on "cpu:gloo,cuda:nccl_core" (no GPU needed)."""
+    store = dist.FileStore(os.fspath(tmp_path / "store"), 1)
+    dist.init_process_group("cpu:gloo,cuda:nccl_core", store=store, rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_init_process_group_creates_the_backend(single_rank_group):
+    backend = dist.group.WORLD._get_backend(torch.device("cuda"))
+    assert isinstance(backend, _C.NcclCoreBackend)
+    assert backend.supports_splitting
+    assert backend.options.timeout is None
+    # The CPU side of the mixed group is gloo and still works.
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.ones(3))
+
+
+def test_pg_options_reach_the_backend(single_rank_group):
+    options = torch_nccl_core.Options(comm_name="sub", max_ctas=4)
+    group = dist.new_group([0], backend="nccl_core", pg_options=options)
+    backend = group._get_backend(torch.device("cuda"))
+    assert backend.options.comm_name == "sub" and backend.options.max_ctas == 4
+    dist.destroy_process_group(group)
+
+
+def test_pg_options_of_the_wrong_type_raise(single_rank_group):
+    with pytest.raises(TypeError, match=r"torch_nccl_core\.Options"):
+        dist.new_group([0], backend="nccl_core", pg_options=object())
+
+
+def test_backend_rejects_bad_rank(tmp_path):
+    store = dist.FileStore(os.fspath(tmp_path / "store"), 1)
+    with pytest.raises(ValueError, match="invalid rank 2 for size 2"):
+        _C.NcclCoreBackend(
+            store, 2, 2, "g", torch_nccl_core.Options(), datetime.timedelta(seconds=5)
+        )
+
+
+def test_shutdown_and_abort_without_communicator_are_idempotent(tmp_path):
+    store = dist.FileStore(os.fspath(tmp_path / "store"), 1)
+    backend = _C.NcclCoreBackend(
+        store, 0, 1, "g", torch_nccl_core.Options(), datetime.timedelta(seconds=5)
+    )
+    backend.shutdown()
+    backend.shutdown()
+    backend.abort()

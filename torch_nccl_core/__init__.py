@@ -1,0 +1,31 @@
+"""torch-nccl-core: the ``nccl_core`` torch.distributed backend.
+
+Importing this package registers the backend::
+
+    import torch_nccl_core  # noqa: F401
+    torch.distributed.init_process_group("nccl_core", device_id=device)
+"""
+
+import torch
+import torch.distributed  # noqa: F401  (the C++ backend derives from its classes)
+
+from . import _C
+from ._registration import BACKEND_NAME, register
+from ._version import __version__
+
+Options = _C.Options
+
+
+def nccl_version() -> tuple[int, int, int]:
+    """``(major, minor, patch)`` of the NCCL library loaded at run time."""
+    return tuple(_C.nccl_version())
+
+
+def features() -> dict[str, bool]:
+    """What the loaded NCCL supports, by feature name (e.g. ``"float8"``)."""
+    return dict(_C.features())
+
+
+register()
+
+__all__ = ["BACKEND_NAME", "Options", "__version__", "features", "nccl_version"]
