@@ -7,6 +7,8 @@ NCCL_HOME, or NCCL_INCLUDE_DIR and NCCL_LIB_DIR, point elsewhere.
 import glob
 import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 from setuptools import find_packages, setup
@@ -16,7 +18,26 @@ from setuptools import find_packages, setup
 if "CUDA_HOME" not in os.environ and os.path.exists("/usr/local/cuda/include/cuda_runtime_api.h"):
     os.environ["CUDA_HOME"] = "/usr/local/cuda"
 
-from torch.utils.cpp_extension import BuildExtension, CUDAExtension
+def use_shared_libstdcxx_compiler() -> None:
+    """Build with a C++ compiler that links libstdc++ dynamically.
+
+    A compiler that only has the static libstdc++ (as /opt/gcc on the project's GPU
+    image) puts a private copy of it in the extension, and that copy crashes when
+    streaming integers into error messages. Fall back to the system g++ then.
+    """
+    cxx = os.environ.get("CXX", "c++")
+    found = subprocess.run(
+        [cxx, "-print-file-name=libstdc++.so"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    if os.path.isabs(found) or not shutil.which("/usr/bin/g++"):
+        return
+    print(f"torch-nccl-core: {cxx} has no shared libstdc++; building with /usr/bin/g++")
+    os.environ["CXX"] = "/usr/bin/g++"
+
+
+use_shared_libstdcxx_compiler()
+
+from torch.utils.cpp_extension import BuildExtension, CUDAExtension  # noqa: E402
 
 ROOT = Path(__file__).parent
 

@@ -311,7 +311,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather_into_tensor_coalesced(
     checkNumel(outputs[i], inputs[i].numel() * getSize(), kOp, "output");
   }
   return launch(
-      c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED,
+      c10d::OpType::COALESCED,
       kOp,
       inputs.front().device(),
       opts.asyncOp,
@@ -421,7 +421,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter_tensor_coalesced(
     stash = withFactor(std::move(stash), *ops.back());
   }
   return launch(
-      c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED,
+      c10d::OpType::COALESCED,
       kOp,
       inputs.front().device(),
       opts.asyncOp,

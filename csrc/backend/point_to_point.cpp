@@ -106,6 +106,13 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::send(
   const at::Tensor& tensor = singleTensor(tensors, kOp, "tensor");
   checkedDevice(tensor, kOp, "tensor");
   checkRank(dstRank, getSize(), kOp, "destination rank");
+  // Outside a coalesced group nothing could ever match it.
+  TORCH_CHECK_VALUE(
+      coalescing_ || dstRank != getRank(),
+      "nccl_core send: peer ",
+      dstRank,
+      " is this rank; a send to itself needs its matching recv in the same "
+      "batch_isend_irecv");
   return launch(
       c10d::OpType::SEND,
       kOp,
@@ -128,6 +135,13 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::recv(
   const at::Tensor& tensor = singleTensor(tensors, kOp, "tensor");
   checkedDevice(tensor, kOp, "tensor");
   checkRank(srcRank, getSize(), kOp, "source rank");
+  // Outside a coalesced group nothing could ever match it.
+  TORCH_CHECK_VALUE(
+      coalescing_ || srcRank != getRank(),
+      "nccl_core recv: peer ",
+      srcRank,
+      " is this rank; a recv to itself needs its matching send in the same "
+      "batch_isend_irecv");
   return launch(
       c10d::OpType::RECV,
       kOp,

@@ -158,9 +158,17 @@ void bindBackend(py::module_& m) {
           py::arg("group_name"),
           py::arg("options"),
           py::arg("default_timeout"))
-      .def_property_readonly("options", [](const NcclCoreBackend& b) {
-        return NcclCoreOptions(b.options());
-      });
+      .def_property_readonly(
+          "nccl_options",
+          [](const NcclCoreBackend& b) { return NcclCoreOptions(b.options()); },
+          "The torch_nccl_core.Options this group was created with.")
+      // torch 2.11 calls this on the default group's backend on ranks outside
+      // a new group. nccl_core creates new groups from their own unique id,
+      // not by splitting the default one, so there is nothing to take part in.
+      .def(
+          "perform_nocolor_split",
+          [](NcclCoreBackend&, const at::Device&) {},
+          py::arg("device"));
 }
 
 } // namespace

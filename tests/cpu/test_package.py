@@ -59,7 +59,7 @@ def test_options_defaults_and_round_trip():
     o = torch_nccl_core.Options(
         timeout=datetime.timedelta(seconds=7),
         high_priority_stream=True,
-        blocking=False,
+        blocking=True,
         cga_cluster_size=4,
         min_ctas=2,
         max_ctas=16,
@@ -68,7 +68,7 @@ def test_options_defaults_and_round_trip():
         comm_name="trainer",
     )
     assert o.timeout == datetime.timedelta(seconds=7)
-    assert (o.blocking, o.cga_cluster_size, o.min_ctas, o.max_ctas) == (False, 4, 2, 16)
+    assert (o.blocking, o.cga_cluster_size, o.min_ctas, o.max_ctas) == (True, 4, 2, 16)
     assert (o.net_name, o.split_share, o.comm_name) == ("Socket", True, "trainer")
     assert "comm_name='trainer'" in repr(o) and "high_priority_stream=True" in repr(o)
 
@@ -86,6 +86,11 @@ def test_options_defaults_and_round_trip():
 def test_options_reject_out_of_range(kwargs, message):
     with pytest.raises(ValueError, match=message):
         torch_nccl_core.Options(**kwargs)
+
+
+def test_nonblocking_communicators_are_refused():
+    with pytest.raises(NotImplementedError, match="blocking=False"):
+        torch_nccl_core.Options(blocking=False)
 
 
 def test_options_are_keyword_only():
@@ -106,7 +111,7 @@ def test_init_process_group_creates_the_backend(single_rank_group):
     backend = dist.group.WORLD._get_backend(torch.device("cuda"))
     assert isinstance(backend, _C.NcclCoreBackend)
     assert backend.supports_splitting
-    assert backend.options.timeout is None
+    assert backend.nccl_options.timeout is None
     # The CPU side of the mixed group is gloo and still works.
     t = torch.ones(3)
     dist.all_reduce(t)
@@ -117,7 +122,7 @@ def test_pg_options_reach_the_backend(single_rank_group):
     options = torch_nccl_core.Options(comm_name="sub", max_ctas=4)
     group = dist.new_group([0], backend="nccl_core", pg_options=options)
     backend = group._get_backend(torch.device("cuda"))
-    assert backend.options.comm_name == "sub" and backend.options.max_ctas == 4
+    assert backend.nccl_options.comm_name == "sub" and backend.nccl_options.max_ctas == 4
     dist.destroy_process_group(group)
 
 

@@ -1,0 +1,144 @@
+"""Two-rank GPU suite: one pytest session per rank, launched as
+
+    torchrun --nproc-per-node=2 -m pytest tests/gpu -q
+
+Both sessions collect the same tests in the same order, so each collective a test issues meets
+its partner on the other rank. Rules for tests in this folder:
+  * never let one rank skip, return or raise before a collective that the other rank runs
+    (a skip decided from the same facts on both ranks is fine);
+  * run every collective of a test first and assert afterwards, so a failed assertion on one
+    rank leaves the two ranks in step for the next test.
+Without torchrun and two GPUs every test here is skipped, and nothing touches CUDA.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from .helpers import WORLD_SIZE
+
+GPU_DIR = pathlib.Path(__file__).resolve().parent
+SKIP_REASON = f"needs {WORLD_SIZE} GPUs under torchrun --nproc-per-node={WORLD_SIZE}; see README"
+# Per-test limit (pytest-timeout, where installed). The thread method dumps every stack and ends
+# the process: a rank hung inside a CUDA or NCCL wait cannot be interrupted by a signal.
+TEST_TIMEOUT_S = 120
+REFERENCE_BACKEND = "nccl_reference"
+
+
+def _in_gpu_dir(item: pytest.Item) -> bool:
+    return GPU_DIR in pathlib.Path(item.path).resolve().parents
+
+
+def _launched_on_two_gpus() -> bool:
+    return (
+        os.environ.get("WORLD_SIZE") == str(WORLD_SIZE)
+        and "LOCAL_RANK" in os.environ
+        and torch.cuda.device_count() >= WORLD_SIZE
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"gpu: {SKIP_REASON}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    ours = [item for item in items if _in_gpu_dir(item)]
+    if not ours:
+        return
+    skip = None if _launched_on_two_gpus() else pytest.mark.skip(reason=SKIP_REASON)
+    timeout = (
+        pytest.mark.timeout(TEST_TIMEOUT_S, method="thread")
+        if config.pluginmanager.hasplugin("timeout")
+        else None
+    )
+    for item in ours:
+        item.add_marker(pytest.mark.gpu)
+        if skip is not None:
+            item.add_marker(skip)
+        if timeout is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(timeout)
+
+
+def _create_reference_nccl(backend_opts, _pg_options):
+    """torch's own ProcessGroupNCCL, registered under another name as the reference backend.
+
+    dist.new_group(backend="nccl") would not do: in torch 2.11 it splits the new communicator
+    from the default group's backend whenever that one is bound to a device and supports
+    splitting, which only works when the default group is ProcessGroupNCCL itself.
+    """
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = backend_opts.timeout
+    options.global_ranks_in_group = backend_opts.global_ranks_in_group
+    options.group_name = backend_opts.group_id
+    return dist.ProcessGroupNCCL(
+        backend_opts.store, backend_opts.group_rank, backend_opts.group_size, options
+    )
+
+
+def _new_reference_group() -> dist.ProcessGroup:
+    if REFERENCE_BACKEND not in dist.Backend.backend_list:
+        dist.Backend.register_backend(
+            REFERENCE_BACKEND, _create_reference_nccl, extended_api=True, devices=["cuda"]
+        )
+    return dist.new_group(backend=REFERENCE_BACKEND)
+
+
+def _exit_unless_same_tests(session: pytest.Session) -> None:
+    """Stop both sessions if the ranks selected different tests: their collectives would hang.
+
+    Compared over a gloo group, so that the check does not depend on the backend under test.
+    """
+    ids = "\n".join(item.nodeid for item in session.items if _in_gpu_dir(item))
+    digests = [None] * WORLD_SIZE
+    group = dist.new_group(backend="gloo")
+    dist.all_gather_object(digests, hashlib.sha256(ids.encode()).hexdigest(), group=group)
+    dist.destroy_process_group(group)
+    if len(set(digests)) != 1:
+        pytest.exit("the ranks collected different tests; run the same command on every rank", 3)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _distributed(request: pytest.FixtureRequest) -> Iterator[torch.device]:
+    """The default process group, on nccl_core, for the whole session."""
+    import torch_nccl_core  # noqa: F401 - registers the "nccl_core" backend
+
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl_core", device_id=device)
+    assert dist.get_world_size() == WORLD_SIZE
+    _exit_unless_same_tests(request.session)
+    yield device
+    torch.cuda.synchronize()
+    dist.barrier()
+    dist.destroy_process_group()  # every group, the reference one included
+
+
+@pytest.fixture(scope="session")
+def rank(_distributed) -> int:
+    return dist.get_rank()
+
+
+@pytest.fixture(scope="session")
+def world_size(_distributed) -> int:
+    return dist.get_world_size()
+
+
+@pytest.fixture(scope="session")
+def device(_distributed) -> torch.device:
+    return _distributed
+
+
+@pytest.fixture(scope="session")
+def nccl_group(_distributed) -> dist.ProcessGroup:
+    """A group over every rank on torch's built-in NCCL backend (ProcessGroupNCCL).
+
+    Created by the first test that asks for it, at the same point on every rank.
+    """
+    return _new_reference_group()

@@ -1,0 +1,210 @@
+"""Shared pieces of the two-rank GPU suite: per-rank data, local references, checks.
+
+Every rank can build every other rank's data (it is a pure function of rank, shape, dtype and a
+salt), so each test computes its expected result locally with plain torch ops and compares after
+all of its collectives have run.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import torch_nccl_core
+
+WORLD_SIZE = 2
+SIZES = (0, 1, 1023, 4097, 1 << 20)
+SWEEP_NUMEL = 1023  # the odd size at which dtype and op sweeps run
+PREMUL_FACTOR = 0.5  # exact in every float dtype, and not the identity
+
+INT_DTYPES = (torch.int8, torch.uint8, torch.int32, torch.uint32, torch.int64, torch.uint64)
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+NUMERIC_DTYPES = INT_DTYPES + FLOAT_DTYPES
+COMPLEX_DTYPES = (torch.complex64, torch.complex128)
+FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+# dtypes that only move bytes: broadcast, all_gather, send/recv
+COPY_DTYPES = (*NUMERIC_DTYPES, torch.bool, *COMPLEX_DTYPES, *FLOAT8_DTYPES)
+
+REDUCE_OPS = ("sum", "product", "min", "max", "avg", "premul_sum_scalar", "premul_sum_tensor")
+FLOAT_ONLY_OPS = frozenset({"avg", "premul_sum_scalar", "premul_sum_tensor"})
+
+# torch cannot compare these elementwise on every build: compare their bytes instead
+_BYTEWISE_DTYPES = frozenset({torch.uint16, torch.uint32, torch.uint64, *FLOAT8_DTYPES})
+
+ASYNC_MODES = [pytest.param(False, id="sync"), pytest.param(True, id="async")]
+# rooted collectives: both roots and both modes, without the full cross product
+ROOT_MODES = [pytest.param(0, False, id="root0-sync"), pytest.param(1, True, id="root1-async")]
+
+
+def dtype_id(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_cases(dtypes: Sequence[torch.dtype]) -> list:
+    """(dtype, numel) cases: every dtype at SWEEP_NUMEL, then every other size at float32."""
+    cases = [pytest.param(dt, SWEEP_NUMEL, id=f"{dtype_id(dt)}-n{SWEEP_NUMEL}") for dt in dtypes]
+    cases += [pytest.param(torch.float32, n, id=f"float32-n{n}") for n in SIZES if n != SWEEP_NUMEL]
+    return cases
+
+
+def reduce_cases() -> list:
+    """(op, dtype, numel) cases: every valid op x dtype at SWEEP_NUMEL, then a size sweep."""
+    cases = [
+        pytest.param(op, dt, SWEEP_NUMEL, id=f"{op}-{dtype_id(dt)}-n{SWEEP_NUMEL}")
+        for op in REDUCE_OPS
+        for dt in NUMERIC_DTYPES
+        if dt.is_floating_point or op not in FLOAT_ONLY_OPS
+    ]
+    cases += [
+        pytest.param(op, dt, n, id=f"{op}-{dtype_id(dt)}-n{n}")
+        for op, dt in (("sum", torch.float32), ("avg", torch.bfloat16))
+        for n in SIZES
+        if n != SWEEP_NUMEL
+    ]
+    return cases
+
+
+def require_dtype(dtype: torch.dtype) -> None:
+    """Skip float8 where the backend reports no support; the answer is the same on every rank."""
+    if dtype in FLOAT8_DTYPES and not torch_nccl_core.features()["float8"]:
+        pytest.skip("torch_nccl_core.features()['float8'] is False with this NCCL")
+
+
+def rank_tensor(
+    shape: int | Sequence[int], dtype: torch.dtype, rank: int, *, salt: int = 0
+) -> torch.Tensor:
+    """Data of `rank` on the current CUDA device, exact in `dtype`.
+
+    Values lie in 1..7 (-3..3 for signed dtypes), so sums and products over two ranks stay exact
+    in every dtype, including int8 and float8. Ranks and salts give different sequences, and
+    the ranks disagree element by element on which one holds the minimum.
+    """
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    index = torch.arange(math.prod(shape), dtype=torch.int64, device="cuda")
+    values = ((index * (2 * rank + 1) + 3 * rank + 5 * salt) % 7 + 1).reshape(shape)
+    if dtype == torch.bool:
+        return values % 2 == 0
+    if dtype.is_complex:
+        return torch.complex((values - 4).double(), (values * 3 % 7 - 3).double()).to(dtype)
+    if dtype.is_signed:
+        values = values - 4
+    if dtype.is_floating_point:
+        return values.float().to(dtype)
+    return values.to(dtype)
+
+
+def all_ranks(shape: int | Sequence[int], dtype: torch.dtype, *, salt: int = 0) -> list:
+    return [rank_tensor(shape, dtype, r, salt=salt) for r in range(WORLD_SIZE)]
+
+
+def _wide_dtype(dtype: torch.dtype) -> torch.dtype:
+    if dtype.is_complex:
+        return torch.complex128
+    if dtype.is_floating_point:
+        return torch.float64 if dtype.itemsize >= 4 else torch.float32
+    return torch.int64
+
+
+def _widen(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to(_wide_dtype(tensor.dtype))
+
+
+def concat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """torch.cat through a wide dtype (cat lacks kernels for some dtypes under test)."""
+    return torch.cat([_widen(t) for t in tensors]).to(tensors[0].dtype)
+
+
+def reference_reduce(tensors: Sequence[torch.Tensor], op: str) -> torch.Tensor:
+    """What reducing `tensors` elementwise with `op` (a REDUCE_OPS name) must give."""
+    stacked = torch.stack([_widen(t) for t in tensors])
+    if op == "sum":
+        result = stacked.sum(0)
+    elif op == "product":
+        result = stacked.prod(0)
+    elif op == "min":
+        result = stacked.amin(0)
+    elif op == "max":
+        result = stacked.amax(0)
+    elif op == "avg":
+        result = stacked.sum(0) / len(tensors)
+    elif op.startswith("premul_sum"):
+        result = stacked.sum(0) * PREMUL_FACTOR
+    else:
+        raise AssertionError(f"no reference for op {op!r}")
+    return result.to(tensors[0].dtype)
+
+
+def make_reduce_op(op: str, dtype: torch.dtype) -> dist.ReduceOp:
+    if op == "premul_sum_scalar":
+        return dist._make_nccl_premul_sum(PREMUL_FACTOR)
+    if op == "premul_sum_tensor":
+        factor = torch.tensor([PREMUL_FACTOR], dtype=dtype, device="cuda")
+        return dist._make_nccl_premul_sum(factor)
+    return getattr(dist.ReduceOp, op.upper())
+
+
+def poisoned(expected: torch.Tensor) -> torch.Tensor:
+    """An output buffer that differs from `expected` in every element.
+
+    torch.empty could hand back a cached block that already holds the expected bytes (every
+    test builds the same data), which would let a collective that wrote nothing pass.
+    """
+    if expected.dtype == torch.bool:
+        return expected.logical_not()
+    return (_widen(expected) + 1).to(expected.dtype)
+
+
+def assert_equal(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """Exact equality of shape, dtype and values (every value in this suite is exact)."""
+    assert actual.dtype == expected.dtype, f"dtype {actual.dtype} != {expected.dtype}"
+    assert actual.shape == expected.shape, f"shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    if actual.dtype in _BYTEWISE_DTYPES:
+        actual = actual.contiguous().reshape(-1).view(torch.uint8)
+        expected = expected.contiguous().reshape(-1).view(torch.uint8)
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+
+
+def complete(work: dist.Work | None, async_op: bool) -> None:
+    """Finish a torch.distributed call: wait on its Work when async, expect none when sync."""
+    if async_op:
+        assert work is not None, "async_op=True must return a Work"
+        work.wait()
+    else:
+        assert work is None, f"a sync call returned {work!r}"
+
+
+def raised_by(call: Callable[[], object]) -> BaseException | None:
+    """Run `call` and hand back what it raised, so a test can finish its collectives first."""
+    try:
+        call()
+    except Exception as error:  # the caller asserts on the type
+        return error
+    return None
+
+
+def assert_raised(
+    error: BaseException | None,
+    types: type[BaseException] | tuple[type[BaseException], ...],
+    match: str | None = None,
+) -> None:
+    assert error is not None, f"expected {types} but the call returned normally"
+    assert isinstance(error, types), f"expected {types}, got {type(error).__name__}: {error}"
+    if match is not None:
+        assert re.search(match, str(error)), f"message {str(error)!r} does not match {match!r}"
+
+
+def probe_group(group: dist.ProcessGroup | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run one all_reduce on `group`; return (result, expected) for assert_equal afterwards.
+
+    Used after a refused call to show the communicator still works; the comparison is left to
+    the caller so that every collective of a test runs before any assertion can stop it.
+    """
+    members = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
+    tensor = rank_tensor(257, torch.float32, dist.get_rank())
+    dist.all_reduce(tensor, group=group)
+    return tensor, reference_reduce([rank_tensor(257, torch.float32, r) for r in members], "sum")

@@ -1,0 +1,111 @@
+"""Bad arguments are refused at once with a clear exception, and the group stays usable.
+
+Every rank makes the same bad call, so both refuse it before NCCL is involved; a correct
+all_reduce on the same group follows. Where torch.distributed may intercept the call before
+the backend sees it, either exception type is accepted and the message is not checked.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from .helpers import WORLD_SIZE, assert_equal, assert_raised, probe_group, raised_by
+
+SIZE_WORDS = r"(?i)size|numel|element|count|split"
+LIST_WORDS = r"(?i)per rank|world size|length|number of"
+
+
+def _cuda(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    # contents are irrelevant to a refused call (and torch.empty works for every dtype)
+    return torch.empty(*shape, dtype=dtype, device="cuda")
+
+
+def _other_gpu(*shape: int) -> torch.Tensor:
+    """A tensor on the GPU of the other local rank, not this group's."""
+    return torch.empty(*shape, device=torch.device("cuda", 1 - torch.cuda.current_device()))
+
+
+def _all_reduce(dtype: torch.dtype, op: dist.ReduceOp = dist.ReduceOp.SUM) -> None:
+    dist.all_reduce(_cuda(4, dtype=dtype), op=op)
+
+
+def _with_root(options_type, root: int):
+    options = options_type()
+    options.rootRank = root
+    return options
+
+
+# name -> (call, accepted exception types, regex the message must match or None)
+BAD_CALLS = {
+    "cpu-tensor": (lambda: dist.all_reduce(torch.empty(4)), (ValueError, RuntimeError), None),
+    "sparse-tensor": (
+        lambda: dist.all_reduce(_cuda(4).to_sparse()),
+        (ValueError, RuntimeError),
+        None,
+    ),
+    "wrong-gpu": (lambda: dist.all_reduce(_other_gpu(4)), ValueError, r"(?i)device|cuda"),
+    "non-contiguous": (lambda: dist.all_reduce(_cuda(4, 4).t()), ValueError, r"(?i)contiguous"),
+    "all-gather-output-size": (
+        lambda: dist.all_gather_into_tensor(_cuda(4 * WORLD_SIZE + 1), _cuda(4)),
+        ValueError,
+        SIZE_WORDS,
+    ),
+    "reduce-scatter-input-size": (
+        lambda: dist.reduce_scatter_tensor(_cuda(4), _cuda(4 * WORLD_SIZE + 1)),
+        ValueError,
+        SIZE_WORDS,
+    ),
+    "all-gather-list-length": (
+        lambda: dist.all_gather([_cuda(4)], _cuda(4)),
+        ValueError,
+        LIST_WORDS,
+    ),
+    "all-to-all-splits": (
+        lambda: dist.all_to_all_single(
+            _cuda(4), _cuda(4), output_split_sizes=[1, 1], input_split_sizes=[2, 2]
+        ),
+        ValueError,
+        SIZE_WORDS,
+    ),
+    "dtype-mismatch": (
+        lambda: dist.all_gather_into_tensor(_cuda(4 * WORLD_SIZE), _cuda(4, dtype=torch.float16)),
+        TypeError,
+        r"(?i)dtype",
+    ),
+    # torch.distributed's functions check roots first; the ProcessGroup reaches the backend
+    "broadcast-root-past-end": (
+        lambda: dist.group.WORLD.broadcast(
+            [_cuda(4)], _with_root(dist.BroadcastOptions, WORLD_SIZE)
+        ),
+        ValueError,
+        r"(?i)root|rank",
+    ),
+    "broadcast-root-negative": (
+        lambda: dist.group.WORLD.broadcast([_cuda(4)], _with_root(dist.BroadcastOptions, -1)),
+        ValueError,
+        r"(?i)root|rank",
+    ),
+    "reduce-root-past-end": (
+        lambda: dist.group.WORLD.reduce([_cuda(4)], _with_root(dist.ReduceOptions, WORLD_SIZE)),
+        ValueError,
+        r"(?i)root|rank",
+    ),
+    "op-band": (partial(_all_reduce, torch.int32, dist.ReduceOp.BAND), ValueError, r"(?i)BAND"),
+    "op-bor": (partial(_all_reduce, torch.int32, dist.ReduceOp.BOR), ValueError, r"(?i)BOR"),
+    "op-bxor": (partial(_all_reduce, torch.int32, dist.ReduceOp.BXOR), ValueError, r"(?i)BXOR"),
+    "dtype-int16": (partial(_all_reduce, torch.int16), TypeError, r"(?i)int16|short"),
+    "dtype-uint16": (partial(_all_reduce, torch.uint16), TypeError, r"(?i)uint16"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CALLS))
+def test_bad_call_is_refused_and_group_stays_usable(case):
+    call, types, match = BAD_CALLS[case]
+    error = raised_by(call)
+    probe = probe_group()
+    assert_raised(error, types, match)
+    assert_equal(*probe)

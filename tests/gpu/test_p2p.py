@@ -1,0 +1,129 @@
+"""Point-to-point: send/recv, isend/irecv, batch_isend_irecv, coalescing, refused peers."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from .helpers import (
+    COPY_DTYPES,
+    WORLD_SIZE,
+    assert_equal,
+    assert_raised,
+    dtype_cases,
+    poisoned,
+    probe_group,
+    raised_by,
+    rank_tensor,
+    require_dtype,
+)
+
+# (dtype, numel) of the tensors that batched exchanges move together
+BATCH = [(torch.float32, 4097), (torch.int8, 1), (torch.bfloat16, 0), (torch.int64, 1023)]
+
+
+@pytest.fixture
+def scratch_group():
+    """A fresh nccl_core group with a short timeout, for calls the backend must refuse.
+
+    A p2p call that the backend wrongly accepts (a receive nobody sends to) hangs its
+    communicator; here that stays in this group, and the watchdog turns it into an error
+    within seconds instead of stalling the rest of the suite.
+    """
+    group = dist.new_group(backend="nccl_core", timeout=timedelta(seconds=10))
+    yield group
+    dist.destroy_process_group(group)
+
+
+@pytest.mark.parametrize(("dtype", "numel"), dtype_cases(COPY_DTYPES))
+def test_send_recv(rank, dtype, numel):
+    require_dtype(dtype)
+    peer = 1 - rank
+    expected = rank_tensor(numel, dtype, peer)
+    received = poisoned(expected)
+    mine = rank_tensor(numel, dtype, rank)
+    if rank == 0:
+        dist.send(mine, dst=peer)
+        source = dist.recv(received, src=peer)
+    else:
+        source = dist.recv(received, src=peer)
+        dist.send(mine, dst=peer)
+    assert source == peer
+    assert_equal(received, expected)
+
+
+@pytest.mark.parametrize(("dtype", "numel"), dtype_cases(COPY_DTYPES))
+def test_isend_irecv(rank, dtype, numel):
+    require_dtype(dtype)
+    peer = 1 - rank
+    expected = rank_tensor(numel, dtype, peer)
+    received = poisoned(expected)
+    mine = rank_tensor(numel, dtype, rank)
+    # opposite orders, so that each rank's first op meets the other's first op
+    if rank == 0:
+        works = [dist.isend(mine, dst=peer), dist.irecv(received, src=peer)]
+    else:
+        works = [dist.irecv(received, src=peer), dist.isend(mine, dst=peer)]
+    for work in works:
+        work.wait()
+    assert_equal(received, expected)
+
+
+def _ring_exchange(rank: int) -> tuple[list[dist.P2POp], list[torch.Tensor], list[torch.Tensor]]:
+    """Sends to the next rank and receives from the previous one, one pair per BATCH entry."""
+    after, before = (rank + 1) % WORLD_SIZE, (rank - 1) % WORLD_SIZE
+    ops, received, expected = [], [], []
+    for salt, (dtype, numel) in enumerate(BATCH):
+        expected.append(rank_tensor(numel, dtype, before, salt=salt))
+        received.append(poisoned(expected[-1]))
+        ops.append(dist.P2POp(dist.isend, rank_tensor(numel, dtype, rank, salt=salt), after))
+        ops.append(dist.P2POp(dist.irecv, received[-1], before))
+    return ops, received, expected
+
+
+def test_batch_isend_irecv_ring(rank):
+    ops, received, expected = _ring_exchange(rank)
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    for actual, want in zip(received, expected, strict=True):
+        assert_equal(actual, want)
+
+
+def test_coalescing_manager_p2p(rank, device):
+    ops, received, expected = _ring_exchange(rank)
+    with dist._coalescing_manager(device=device, async_ops=True) as cm:
+        for op in ops:
+            op.op(op.tensor, op.peer)
+    cm.wait()
+    for actual, want in zip(received, expected, strict=True):
+        assert_equal(actual, want)
+
+
+@pytest.mark.parametrize("direction", ["send", "recv"])
+@pytest.mark.parametrize("peer", [WORLD_SIZE, -1], ids=["past-end", "negative"])
+def test_peer_out_of_range_is_refused(scratch_group, direction, peer):
+    # torch.distributed's own functions check peers first; the ProcessGroup reaches the backend
+    call = getattr(scratch_group, direction)
+    error = raised_by(lambda: call([torch.ones(4, device="cuda")], peer, 0))
+    probe = probe_group(scratch_group)
+    assert_raised(error, ValueError, r"(?i)rank")
+    assert_equal(*probe)
+
+
+def test_recv_from_self_is_refused(rank, scratch_group):
+    error = raised_by(
+        lambda: dist.irecv(torch.ones(4, device="cuda"), src=rank, group=scratch_group)
+    )
+    probe = probe_group(scratch_group)
+    assert_raised(error, ValueError, r"(?i)rank|self")
+    assert_equal(*probe)
+
+
+def test_recv_from_any_source_is_refused(scratch_group):
+    error = raised_by(lambda: dist.recv(torch.ones(4, device="cuda"), group=scratch_group))
+    probe = probe_group(scratch_group)
+    assert_raised(error, RuntimeError)  # NotImplementedError is one
+    assert_equal(*probe)

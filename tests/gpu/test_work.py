@@ -1,0 +1,127 @@
+"""Work semantics: stream ordering, polling, futures, and lifetime of in-flight tensors.
+
+Several tests hold rank 1's GPU in a sleep kernel before the collective: its NCCL kernel then
+starts late, which keeps the op in flight on both ranks long enough for a missing stream
+dependency or an early free to show up as wrong data rather than as luck.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from .helpers import all_ranks, assert_equal, concat, poisoned, rank_tensor, reference_reduce
+
+SLEEP_CYCLES = 400_000_000  # about 0.2 s of GPU clock
+DTYPE = torch.float32
+BIG = 1 << 24  # 64 MiB of float32
+
+
+def _delay_rank_one(rank: int) -> None:
+    """Line the hosts up, then hold rank 1's current stream for a while."""
+    dist.barrier()
+    if rank == 1:
+        torch.cuda._sleep(SLEEP_CYCLES)
+
+
+def test_wait_orders_the_current_stream(rank):
+    tensor = rank_tensor(BIG, DTYPE, rank)
+    expected = reference_reduce(all_ranks(BIG, DTYPE), "sum")
+    _delay_rank_one(rank)
+    work = dist.all_reduce(tensor, async_op=True)
+    work.wait()
+    snapshot = tensor.clone()  # on the current stream, no host synchronisation in between
+    assert_equal(snapshot, expected)
+
+
+def test_is_completed_polls_without_blocking(rank):
+    tensor = rank_tensor(1023, DTYPE, rank)
+    expected = reference_reduce(all_ranks(1023, DTYPE), "sum")
+    torch.cuda._sleep(SLEEP_CYCLES)  # this rank's op cannot finish before the sleep does
+    work = dist.all_reduce(tensor, async_op=True)
+    start = time.monotonic()
+    first = work.is_completed()
+    first_call_s = time.monotonic() - start
+    deadline = start + 30
+    while not work.is_completed() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    completed = work.is_completed()
+    work.wait()
+    assert first is False, "is_completed() was True while the op was still queued"
+    assert first_call_s < 0.05, f"is_completed() blocked for {first_call_s:.3f}s"
+    assert completed, "is_completed() never became True"
+    assert_equal(tensor, expected)
+
+
+def test_future_holds_the_outputs(rank):
+    tensor = rank_tensor(1023, DTYPE, rank)
+    everyone = all_ranks(1023, DTYPE)
+    gathered = poisoned(concat(everyone))
+    reduce_future = dist.all_reduce(tensor, async_op=True).get_future()
+    gather_input = rank_tensor(1023, DTYPE, rank)  # not `tensor`: the all_reduce may be writing it
+    gather_future = dist.all_gather_into_tensor(gathered, gather_input, async_op=True).get_future()
+    reduced_out = reduce_future.wait()
+    gathered_out = gather_future.wait()
+    assert [t.data_ptr() for t in reduced_out] == [tensor.data_ptr()]
+    assert [t.data_ptr() for t in gathered_out] == [gathered.data_ptr()]
+    assert_equal(reduced_out[0], reference_reduce(everyone, "sum"))
+    assert_equal(gathered_out[0], concat(everyone))
+
+
+def test_future_then_runs_after_the_op(rank):
+    tensor = rank_tensor(BIG, DTYPE, rank)
+    doubled_expected = reference_reduce(all_ranks(BIG, DTYPE), "sum") * 2
+    _delay_rank_one(rank)
+    work = dist.all_reduce(tensor, async_op=True)
+    doubled = work.get_future().then(lambda future: future.value()[0] * 2).wait()
+    assert work.wait(timeout=timedelta(seconds=30))
+    assert_equal(doubled, doubled_expected)
+
+
+def _all_gather_dropping_input(rank: int, output: torch.Tensor) -> dist.Work:
+    # the input's last Python reference dies with this frame, while the op is in flight
+    return dist.all_gather_into_tensor(output, rank_tensor(BIG, DTYPE, rank), async_op=True)
+
+
+def _all_reduce_and_forget(rank: int) -> None:
+    # neither the tensor nor the Work outlives this frame
+    dist.all_reduce(rank_tensor(BIG, DTYPE, rank), async_op=True)
+
+
+def _scribble() -> list[torch.Tensor]:
+    """Allocations that would reuse any block freed too early, and overwrite it."""
+    return [torch.full((BIG,), -1.0, device="cuda") for _ in range(4)]
+
+
+def test_input_outlives_its_python_reference(rank):
+    expected = concat(all_ranks(BIG, DTYPE))
+    output = poisoned(expected)
+    _delay_rank_one(rank)
+    work = _all_gather_dropping_input(rank, output)
+    scribbles = _scribble()
+    work.wait()
+    assert_equal(output, expected)
+    assert all(bool(s.eq(-1).all()) for s in scribbles), "the collective wrote into reused memory"
+
+
+def test_forgotten_async_op_does_not_write_into_reused_memory(rank):
+    _delay_rank_one(rank)
+    _all_reduce_and_forget(rank)
+    scribbles = _scribble()
+    torch.cuda.synchronize()  # every stream, the backend's included
+    assert all(bool(s.eq(-1).all()) for s in scribbles), "the collective wrote into reused memory"
+
+
+def test_sync_op_returns_a_usable_work(rank):
+    tensor = rank_tensor(1023, DTYPE, rank)
+    options = dist.AllreduceOptions()
+    options.reduceOp = dist.ReduceOp.SUM
+    options.asyncOp = False
+    work = dist.group.WORLD.allreduce([tensor], options)
+    assert work.wait()
+    result = work.get_future().wait()
+    assert [t.data_ptr() for t in result] == [tensor.data_ptr()]
+    assert_equal(tensor, reference_reduce(all_ranks(1023, DTYPE), "sum"))

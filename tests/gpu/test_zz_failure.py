@@ -1,0 +1,89 @@
+"""Failures and teardown: a collective one rank skips times out; abort and shutdown are idempotent.
+
+Named to run last: these tests leave aborted groups behind (destroyed, but their NCCL state is
+gone for good). Each one ends by showing that the default group still works on every rank.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from .helpers import ASYNC_MODES, assert_equal, assert_raised, probe_group, raised_by
+
+GROUP_TIMEOUT = timedelta(seconds=5)
+DETECTION_SLACK_S = 20.0  # "the timeout plus a few seconds": watchdog polling and the abort
+HOST_WAIT = timedelta(seconds=60)  # longer than GROUP_TIMEOUT, so the watchdog acts first
+NAMES_ALL_REDUCE = r"(?i)all_?reduce"
+
+
+def _lonely_all_reduce(group, async_op: bool) -> tuple[BaseException | None, float]:
+    """An all_reduce on `group` that no other rank joins: what it raised, and after how long."""
+    tensor = torch.ones(1024, device="cuda")
+    start = time.monotonic()
+    if async_op:
+        work = dist.all_reduce(tensor, group=group, async_op=True)
+        error = raised_by(lambda: work.wait(timeout=HOST_WAIT))
+    else:
+        error = raised_by(lambda: dist.all_reduce(tensor, group=group))
+        if error is None:
+            # The call only enqueued: the wait() of a sync op orders streams, as in
+            # ProcessGroupNCCL. The stream drains once the watchdog aborts the communicator.
+            torch.cuda.current_stream().synchronize()
+    return error, time.monotonic() - start
+
+
+@pytest.mark.parametrize("async_op", ASYNC_MODES)
+def test_collective_skipped_by_a_peer_times_out(rank, async_op):
+    group = dist.new_group(backend="nccl_core", timeout=GROUP_TIMEOUT)
+    warm_up = probe_group(group)  # the communicator works on both ranks before rank 1 goes quiet
+    error = later = None
+    elapsed = 0.0
+    if rank == 0:
+        error, elapsed = _lonely_all_reduce(group, async_op)
+        later = raised_by(lambda: dist.all_reduce(torch.ones(8, device="cuda"), group=group))
+    # Rank 1 issues nothing more on `group`; it waits here, on the default group, until rank 0
+    # is done, so that nothing it does to `group` can end rank 0's op early.
+    dist.barrier()
+    default_group = probe_group()
+    dist.destroy_process_group(group)
+
+    assert_equal(*warm_up)
+    assert_equal(*default_group)
+    if rank == 0:
+        if async_op:
+            assert_raised(error, dist.DistBackendError, NAMES_ALL_REDUCE)
+        else:  # the failure reaches the host from the call itself or from the next op
+            failure = error if error is not None else later
+            assert_raised(failure, dist.DistBackendError, NAMES_ALL_REDUCE)
+        timeout_s = GROUP_TIMEOUT.total_seconds()
+        assert timeout_s - 0.5 <= elapsed <= timeout_s + DETECTION_SLACK_S, (
+            f"the failure surfaced after {elapsed:.1f}s; the group's timeout is {timeout_s}s"
+        )
+        assert_raised(later, dist.DistBackendError)  # the group stays failed
+
+
+@pytest.mark.parametrize("teardown", ["shutdown", "abort"])
+def test_teardown_is_idempotent(teardown):
+    group = dist.new_group(backend="nccl_core")
+    probe = probe_group(group)
+    torch.cuda.current_stream().synchronize()  # the op is over before the group goes away
+    backend = group._get_backend(torch.device("cuda"))
+    getattr(backend, teardown)()
+    getattr(backend, teardown)()
+    backend.abort()
+    backend.shutdown()
+    after = raised_by(lambda: dist.all_reduce(torch.ones(8, device="cuda"), group=group))
+    dist.destroy_process_group(group)  # shuts the backend down once more
+    again = raised_by(lambda: dist.destroy_process_group(group))
+    default_group = probe_group()
+
+    assert_equal(*probe)
+    assert_raised(after, RuntimeError)  # DistBackendError is one
+    # torch itself forgets a destroyed group and may refuse to destroy it twice
+    assert again is None or isinstance(again, ValueError), repr(again)
+    assert_equal(*default_group)
