@@ -18,6 +18,7 @@ from setuptools import find_packages, setup
 if "CUDA_HOME" not in os.environ and os.path.exists("/usr/local/cuda/include/cuda_runtime_api.h"):
     os.environ["CUDA_HOME"] = "/usr/local/cuda"
 
+
 def use_shared_libstdcxx_compiler() -> None:
     """Build with a C++ compiler that links libstdc++ dynamically.
 

@@ -148,7 +148,10 @@ def mismatch(got: torch.Tensor, want: torch.Tensor | float) -> str | None:
     if len(bad) == 0:
         return None
     i = bad[0].item()
-    return f"{len(bad)} of {got.numel()} elements wrong, e.g. [{i}] = {got[i].item()} (want {want[i].item()})"
+    return (
+        f"{len(bad)} of {got.numel()} elements wrong, "
+        f"e.g. [{i}] = {got[i].item()} (want {want[i].item()})"
+    )
 
 
 class AllReduce(Op):
@@ -657,7 +660,8 @@ def parse_args():
         "--backends",
         type=comma_list(),
         default=["nccl", "nccl_core"],
-        help="comma-separated backends to compare; the first is the baseline (default nccl,nccl_core)",
+        help="comma-separated backends to compare; the first is the baseline "
+        "(default nccl,nccl_core)",
     )
     p.add_argument("--out", required=True, help="output directory (written by rank 0)")
     p.add_argument(

@@ -171,10 +171,7 @@ void NcclCoreBackend::eagerConnectSingleDevice(at::Device device) {
 
 c10::intrusive_ptr<c10d::Backend::Options>
 NcclCoreBackend::getBackendOptions() {
-  auto opts =
-      c10::make_intrusive<c10d::Backend::Options>("nccl_core", timeout_);
-  opts->group_name = groupName_;
-  return opts;
+  return c10::make_intrusive<GroupOptions>(timeout_, groupName_);
 }
 
 c10d::ErrorType NcclCoreBackend::getError() {

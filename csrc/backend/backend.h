@@ -19,6 +19,15 @@
 
 namespace nccl_core {
 
+// The c10d options torch.distributed reads back from a group (split_group
+// copies them for the child); NCCL's own settings live in NcclCoreOptions.
+struct GroupOptions : c10d::Backend::Options {
+  GroupOptions(std::chrono::milliseconds timeout, std::string groupName)
+      : c10d::Backend::Options("nccl_core", timeout) {
+    group_name = std::move(groupName);
+  }
+};
+
 class NcclCoreBackend : public c10d::Backend {
  public:
   NcclCoreBackend(

@@ -122,6 +122,29 @@ Pass as ``pg_options`` to ``init_process_group`` / ``new_group``. Fields left
       .def("__repr__", &repr);
 }
 
+void bindGroupOptions(py::module_& m) {
+  // split_group() deep-copies the parent's options before handing them to
+  // the child; torch's base Options class has no copy support of its own.
+  py::class_<
+      GroupOptions,
+      c10d::Backend::Options,
+      c10::intrusive_ptr<GroupOptions>>(
+      m,
+      "GroupOptions",
+      "torch.distributed Backend.Options of an nccl_core group.")
+      .def(
+          "__copy__",
+          [](const GroupOptions& o) {
+            return c10::make_intrusive<GroupOptions>(o);
+          })
+      .def(
+          "__deepcopy__",
+          [](const GroupOptions& o, const py::dict&) {
+            return c10::make_intrusive<GroupOptions>(o);
+          },
+          py::arg("memo"));
+}
+
 void bindBackend(py::module_& m) {
   py::class_<
       NcclCoreBackend,
@@ -165,6 +188,10 @@ void bindBackend(py::module_& m) {
       // torch 2.11 calls this on the default group's backend on ranks outside
       // a new group. nccl_core creates new groups from their own unique id,
       // not by splitting the default one, so there is nothing to take part in.
+      .def_property_readonly(
+          "options",
+          [](NcclCoreBackend& b) { return b.getBackendOptions(); },
+          "The group's torch.distributed options (timeout, group name).")
       .def(
           "perform_nocolor_split",
           [](NcclCoreBackend&, const at::Device&) {},
@@ -178,6 +205,7 @@ PYBIND11_MODULE(_C, m) {
   py::module_::import("torch.distributed");
   py::register_local_exception_translator(&translateErrors);
   bindOptions(m);
+  bindGroupOptions(m);
   bindBackend(m);
   m.def(
       "nccl_version",

@@ -147,3 +147,18 @@ def test_shutdown_and_abort_without_communicator_are_idempotent(tmp_path):
     backend.shutdown()
     backend.shutdown()
     backend.abort()
+
+
+def test_group_options_copy_for_split_group(tmp_path):
+    """split_group() deep-copies the parent backend's options (torch 2.11)."""
+    import copy
+
+    store = dist.FileStore(os.fspath(tmp_path / "store"), 1)
+    timeout = datetime.timedelta(seconds=5)
+    backend = _C.NcclCoreBackend(store, 0, 1, "g", torch_nccl_core.Options(), timeout)
+    options = backend.options
+    assert isinstance(options, torch._C._distributed_c10d.Backend.Options)
+    clone = copy.deepcopy(options)
+    assert clone is not options
+    assert clone.backend == "nccl_core" and clone._timeout == timeout
+    backend.shutdown()
