@@ -100,12 +100,7 @@ void NcclCoreBackend::initCommunicator(at::Device device) {
   }
   setupCommunicator(
       Communicator::create(
-          getSize(),
-          getRank(),
-          id,
-          device.index(),
-          options_->toNcclConfig(),
-          timeout_));
+          getSize(), getRank(), id, device.index(), options_->toNcclConfig()));
 }
 
 void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
@@ -209,7 +204,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::endCoalescing() {
         false);
   }
   coalescedGroupOpen_ = false;
-  comm_->settle(ncclGroupEnd(), "ncclGroupEnd");
+  NCCL_CORE_CHECK(ncclGroupEnd());
   EventPool::Event end = events_->acquire();
   C10_CUDA_CHECK(cudaEventRecord(end.get(), stream_->stream()));
   auto work = c10::make_intrusive<NcclWork>(

@@ -180,6 +180,7 @@ class NcclCoreBackend : public c10d::Backend {
   std::optional<c10::cuda::CUDAStream> stream_; // internal stream for async ops
   EventPool::Event ready_; // reused to order the internal stream
   std::unique_ptr<Watchdog> watchdog_;
+  at::Tensor barrierToken_;
   uint64_t seq_ = 0;
   int splitCount_ = 0;
 

@@ -447,10 +447,15 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter_tensor_coalesced(
 
 c10::intrusive_ptr<c10d::Work>
 NcclCoreBackend::barrier(const c10d::BarrierOptions& opts) {
-  const at::Device device = deviceForOpWithoutTensors(opts.device_ids);
-  communicator(device);
-  at::Tensor token =
-      at::zeros({1}, at::TensorOptions().device(device).dtype(at::kFloat));
+  Communicator& comm = communicator(deviceForOpWithoutTensors(opts.device_ids));
+  const at::Device device(
+      at::kCUDA, static_cast<c10::DeviceIndex>(comm.device()));
+  if (!barrierToken_.defined()) {
+    // Its value is never read: only the all-reduce's completion matters.
+    barrierToken_ =
+        at::empty({1}, at::TensorOptions().device(device).dtype(at::kFloat));
+  }
+  void* token = barrierToken_.data_ptr();
   // wait() on a barrier blocks the host until every rank has arrived.
   return launch(
       c10d::OpType::BARRIER,
@@ -458,17 +463,11 @@ NcclCoreBackend::barrier(const c10d::BarrierOptions& opts) {
       device,
       true,
       opts.timeout,
-      {token},
       {},
-      [&](ncclComm_t comm, cudaStream_t stream) {
+      {barrierToken_},
+      [&](ncclComm_t nccl, cudaStream_t stream) {
         return ncclAllReduce(
-            token.data_ptr(),
-            token.data_ptr(),
-            1,
-            ncclFloat32,
-            ncclSum,
-            comm,
-            stream);
+            token, token, 1, ncclFloat32, ncclSum, nccl, stream);
       },
       /*blocksHost=*/true);
 }

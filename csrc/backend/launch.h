@@ -38,6 +38,14 @@ class NcclGroup {
   bool open_ = true;
 };
 
+// The enqueue step's NCCL status, raised as DistBackendError naming the op.
+inline void
+checkEnqueued(ncclResult_t result, const char* op, ncclComm_t comm) {
+  if (C10_UNLIKELY(result != ncclSuccess)) {
+    throwNcclError(result, op, __FILE__, __LINE__, comm);
+  }
+}
+
 template <typename Enqueue>
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
     c10d::OpType type,
@@ -59,7 +67,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
 
   if (!asyncOp && !coalescing_ && !blocksHost) {
     // Lean path: the caller's stream already orders everything.
-    comm.settle(enqueue(comm.get(), current.stream()), name);
+    checkEnqueued(enqueue(comm.get(), current.stream()), name, comm.get());
     if (!isCapturing(current.stream())) {
       watchdog_->noteSyncOp(current.stream(), name, info.seq);
     }
@@ -84,7 +92,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
   {
     // Temporaries made while enqueueing belong to the internal stream.
     c10::cuda::CUDAStreamGuard guard(*stream_);
-    comm.settle(enqueue(comm.get(), stream_->stream()), name);
+    checkEnqueued(enqueue(comm.get(), stream_->stream()), name, comm.get());
   }
   inputs.insert(inputs.end(), outputs.begin(), outputs.end());
   if (coalescing_) {

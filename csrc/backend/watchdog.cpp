@@ -124,7 +124,7 @@ void Watchdog::run() {
 void Watchdog::poll() {
   const auto now = std::chrono::steady_clock::now();
   ncclResult_t asyncError = comm_->asyncError();
-  if (asyncError != ncclSuccess && asyncError != ncclInProgress) {
+  if (asyncError != ncclSuccess) {
     trip(
         c10::str(
             "NCCL reported an asynchronous error on group '",

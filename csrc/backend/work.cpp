@@ -68,6 +68,12 @@ std::exception_ptr NcclWork::exception() const {
 }
 
 void NcclWork::waitOnHost(std::chrono::milliseconds timeout) {
+  if (timeout == kNoTimeout) {
+    // Cannot block forever: at the op's timeout the watchdog aborts the
+    // communicator, which ends the kernel and so completes the event.
+    C10_CUDA_CHECK(cudaEventSynchronize(end_.get()));
+    return;
+  }
   const auto start = std::chrono::steady_clock::now();
   while (!gpuDone()) {
     failure_.raiseIfFailed();

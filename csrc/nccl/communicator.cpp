@@ -3,8 +3,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
-#include <thread>
-
 #include "nccl/errors.h"
 
 namespace nccl_core {
@@ -14,19 +12,16 @@ std::shared_ptr<Communicator> Communicator::create(
     int rank,
     const ncclUniqueId& id,
     int device,
-    ncclConfig_t config,
-    std::chrono::milliseconds timeout) {
+    ncclConfig_t config) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   ncclComm_t comm = nullptr;
   ncclResult_t result =
       ncclCommInitRankConfig(&comm, nranks, id, rank, &config);
-  if (result != ncclSuccess && result != ncclInProgress) {
+  if (result != ncclSuccess) {
     throwNcclError(result, "ncclCommInitRankConfig", __FILE__, __LINE__, comm);
   }
-  std::shared_ptr<Communicator> communicator(new Communicator(
-      comm, rank, nranks, device, config.blocking == 0, timeout));
-  communicator->settle(result, "ncclCommInitRankConfig");
-  return communicator;
+  return std::shared_ptr<Communicator>(
+      new Communicator(comm, rank, nranks, device));
 }
 
 std::shared_ptr<Communicator>
@@ -35,10 +30,9 @@ Communicator::split(int color, int key, ncclConfig_t config) {
   ncclComm_t child = nullptr;
   ncclResult_t result = ncclCommSplit(
       get(), color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
-  if (result != ncclSuccess && result != ncclInProgress) {
+  if (result != ncclSuccess) {
     throwNcclError(result, "ncclCommSplit", __FILE__, __LINE__, comm_);
   }
-  settle(result, "ncclCommSplit");
   if (child == nullptr) {
     return nullptr;
   }
@@ -46,23 +40,12 @@ Communicator::split(int color, int key, ncclConfig_t config) {
   int childSize = 0;
   NCCL_CORE_CHECK(ncclCommUserRank(child, &childRank));
   NCCL_CORE_CHECK(ncclCommCount(child, &childSize));
-  return std::shared_ptr<Communicator>(new Communicator(
-      child, childRank, childSize, device_, config.blocking == 0, timeout_));
+  return std::shared_ptr<Communicator>(
+      new Communicator(child, childRank, childSize, device_));
 }
 
-Communicator::Communicator(
-    ncclComm_t comm,
-    int rank,
-    int size,
-    int device,
-    bool nonblocking,
-    std::chrono::milliseconds timeout)
-    : comm_(comm),
-      rank_(rank),
-      size_(size),
-      device_(device),
-      nonblocking_(nonblocking),
-      timeout_(timeout) {}
+Communicator::Communicator(ncclComm_t comm, int rank, int size, int device)
+    : comm_(comm), rank_(rank), size_(size), device_(device) {}
 
 Communicator::~Communicator() {
   abort();
@@ -93,30 +76,6 @@ ncclResult_t Communicator::asyncError() const {
   ncclResult_t asyncResult = ncclSuccess;
   ncclResult_t result = ncclCommGetAsyncError(comm_, &asyncResult);
   return result != ncclSuccess ? result : asyncResult;
-}
-
-void Communicator::settle(ncclResult_t result, const char* call) {
-  if (!nonblocking_ || result != ncclInProgress) {
-    return;
-  }
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
-  ncclResult_t state = ncclInProgress;
-  while ((state = asyncError()) == ncclInProgress) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      abort();
-      C10_THROW_ERROR(
-          DistBackendError,
-          c10::str(
-              call,
-              " did not complete within ",
-              timeout_.count(),
-              " ms; the communicator was aborted"));
-    }
-    std::this_thread::yield();
-  }
-  if (state != ncclSuccess) {
-    throwNcclError(state, call, __FILE__, __LINE__, comm_);
-  }
 }
 
 } // namespace nccl_core

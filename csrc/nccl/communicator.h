@@ -5,7 +5,6 @@
 #include <nccl.h>
 
 #include <atomic>
-#include <chrono>
 #include <memory>
 #include <mutex>
 
@@ -13,15 +12,13 @@ namespace nccl_core {
 
 class Communicator {
  public:
-  // Collective over `nranks` processes that share `id`. `timeout` bounds the
-  // wait of a nonblocking (config.blocking == 0) initialization.
+  // Collective over the `nranks` processes that share `id`.
   static std::shared_ptr<Communicator> create(
       int nranks,
       int rank,
       const ncclUniqueId& id,
       int device,
-      ncclConfig_t config,
-      std::chrono::milliseconds timeout);
+      ncclConfig_t config);
 
   // ncclCommSplit, collective over this communicator. Returns nullptr on a
   // rank that passes color < 0 (it joins no new communicator).
@@ -55,26 +52,13 @@ class Communicator {
   // The asynchronous error NCCL recorded, ncclSuccess when there is none.
   ncclResult_t asyncError() const;
 
-  // For nonblocking communicators: waits until the last call is no longer
-  // ncclInProgress, raising DistBackendError if it failed or took longer
-  // than the timeout. A no-op for blocking ones.
-  void settle(ncclResult_t result, const char* call);
-
  private:
-  Communicator(
-      ncclComm_t comm,
-      int rank,
-      int size,
-      int device,
-      bool nonblocking,
-      std::chrono::milliseconds timeout);
+  Communicator(ncclComm_t comm, int rank, int size, int device);
 
   ncclComm_t comm_;
   const int rank_;
   const int size_;
   const int device_;
-  const bool nonblocking_;
-  const std::chrono::milliseconds timeout_;
   std::atomic<bool> aborted_{false};
   std::mutex abortMutex_;
 };

@@ -29,18 +29,16 @@ void warnNcclError(
 
 } // namespace nccl_core
 
-// ncclInProgress is not a failure: nonblocking communicators report it while
-// an operation is still being set up, and Communicator::waitReady settles it.
-#define NCCL_CORE_CHECK(call)                                              \
-  do {                                                                     \
-    ncclResult_t result_ = (call);                                         \
-    if (C10_UNLIKELY(result_ != ncclSuccess && result_ != ncclInProgress)) \
-      ::nccl_core::throwNcclError(result_, #call, __FILE__, __LINE__);     \
+#define NCCL_CORE_CHECK(call)                                          \
+  do {                                                                 \
+    ncclResult_t result_ = (call);                                     \
+    if (C10_UNLIKELY(result_ != ncclSuccess))                          \
+      ::nccl_core::throwNcclError(result_, #call, __FILE__, __LINE__); \
   } while (0)
 
 #define NCCL_CORE_WARN(call)                                          \
   do {                                                                \
     ncclResult_t result_ = (call);                                    \
-    if (result_ != ncclSuccess && result_ != ncclInProgress)          \
+    if (result_ != ncclSuccess)                                       \
       ::nccl_core::warnNcclError(result_, #call, __FILE__, __LINE__); \
   } while (0)
