@@ -37,7 +37,7 @@ NcclCoreBackend::NcclCoreBackend(
     std::shared_ptr<Communicator> comm)
     : c10d::Backend(rank, size),
       store_(std::move(store)),
-      groupName_(std::move(groupName)),
+      groupName_(std::make_shared<const std::string>(std::move(groupName))),
       options_(std::move(options)),
       timeout_(options_->timeout.value_or(defaultTimeout)) {
   options_->validate();
@@ -50,7 +50,7 @@ NcclCoreBackend::~NcclCoreBackend() {
   try {
     shutdown();
   } catch (const std::exception& e) {
-    LOG(WARNING) << "[nccl_core] shutdown of group '" << groupName_
+    LOG(WARNING) << "[nccl_core] shutdown of group '" << *groupName_
                  << "' failed: " << e.what();
   }
 }
@@ -110,7 +110,7 @@ void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
   stream_ = c10::cuda::getStreamFromPool(options_->highPriorityStream, device);
   ready_ = events_->acquire();
   watchdog_ = std::make_unique<Watchdog>(
-      comm_, failure_, store_, groupName_, timeout_, events_->acquire());
+      comm_, failure_, store_, *groupName_, timeout_, events_->acquire());
 }
 
 at::Device NcclCoreBackend::deviceForOpWithoutTensors(
@@ -154,7 +154,7 @@ c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::split(
       store,
       childRank,
       childSize,
-      opts ? opts->group_name : groupName_ + ":split",
+      opts ? opts->group_name : *groupName_ + ":split",
       std::move(childOptions),
       childTimeout,
       std::move(child));
@@ -166,7 +166,7 @@ void NcclCoreBackend::eagerConnectSingleDevice(at::Device device) {
 
 c10::intrusive_ptr<c10d::Backend::Options>
 NcclCoreBackend::getBackendOptions() {
-  return c10::make_intrusive<GroupOptions>(timeout_, groupName_);
+  return c10::make_intrusive<GroupOptions>(timeout_, *groupName_);
 }
 
 c10d::ErrorType NcclCoreBackend::getError() {
@@ -232,7 +232,7 @@ void NcclCoreBackend::teardown(const std::string& reason) {
 }
 
 void NcclCoreBackend::abort() {
-  teardown(c10::str("nccl_core group '", groupName_, "' was aborted"));
+  teardown(c10::str("nccl_core group '", *groupName_, "' was aborted"));
 }
 
 void NcclCoreBackend::shutdown() {
@@ -243,7 +243,7 @@ void NcclCoreBackend::shutdown() {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
-  teardown(c10::str("nccl_core group '", groupName_, "' was shut down"));
+  teardown(c10::str("nccl_core group '", *groupName_, "' was shut down"));
 }
 
 } // namespace nccl_core

@@ -170,7 +170,7 @@ class NcclCoreBackend : public c10d::Backend {
   void teardown(const std::string& reason);
 
   const c10::intrusive_ptr<c10d::Store> store_;
-  const std::string groupName_;
+  const std::shared_ptr<const std::string> groupName_;
   const std::shared_ptr<const NcclCoreOptions> options_;
   const std::chrono::milliseconds timeout_;
 

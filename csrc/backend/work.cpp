@@ -20,7 +20,7 @@ bool blockingWaitFromEnv() {
 NcclWork::NcclWork(
     OpInfo info,
     at::Device device,
-    std::string groupName,
+    std::shared_ptr<const std::string> groupName,
     EventPool::Event end,
     std::chrono::milliseconds timeout,
     std::vector<at::Tensor> outputs,
@@ -160,7 +160,7 @@ std::string NcclWork::describe() const {
       " (seq ",
       info_.seq,
       ") on group '",
-      groupName_,
+      *groupName_,
       "'");
 }
 

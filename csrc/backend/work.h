@@ -27,7 +27,7 @@ class NcclWork : public c10d::Work {
   NcclWork(
       OpInfo info,
       at::Device device,
-      std::string groupName,
+      std::shared_ptr<const std::string> groupName,
       EventPool::Event end,
       std::chrono::milliseconds timeout,
       std::vector<at::Tensor> outputs,
@@ -63,7 +63,8 @@ class NcclWork : public c10d::Work {
 
   const OpInfo info_;
   const at::Device device_;
-  const std::string groupName_;
+  // Shared with the backend: ops copy a pointer, not the string.
+  const std::shared_ptr<const std::string> groupName_;
   const EventPool::Event end_;
   const std::chrono::steady_clock::time_point deadline_;
   const bool blocksHost_;
