@@ -12,6 +12,7 @@ import torch.distributed  # noqa: F401  (the C++ backend derives from its classe
 from . import _C
 from ._registration import BACKEND_NAME, register
 from ._version import __version__
+from .memory import empty, mem_pool, resolve_tensor
 
 Options = _C.Options
 
@@ -28,4 +29,13 @@ def features() -> dict[str, bool]:
 
 register()
 
-__all__ = ["BACKEND_NAME", "Options", "__version__", "features", "nccl_version"]
+__all__ = [
+    "BACKEND_NAME",
+    "Options",
+    "__version__",
+    "empty",
+    "features",
+    "mem_pool",
+    "nccl_version",
+    "resolve_tensor",
+]

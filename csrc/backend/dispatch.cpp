@@ -2,52 +2,12 @@
 
 #include <c10/util/Exception.h>
 
+#include "nccl/dtypes.h"
 #include "nccl/errors.h"
 
 namespace nccl_core {
 
 namespace {
-
-ncclDataType_t toNcclType(at::ScalarType type, const char* op) {
-  switch (type) {
-    case at::kChar:
-      return ncclInt8;
-    case at::kByte:
-    case at::kBool: // one byte; reductions are mapped to MIN / MAX below
-      return ncclUint8;
-    case at::kInt:
-      return ncclInt32;
-    case at::kUInt32:
-      return ncclUint32;
-    case at::kLong:
-      return ncclInt64;
-    case at::kUInt64:
-      return ncclUint64;
-    case at::kHalf:
-      return ncclFloat16;
-    case at::kBFloat16:
-      return ncclBfloat16;
-    case at::kFloat:
-      return ncclFloat32;
-    case at::kDouble:
-      return ncclFloat64;
-    case at::kFloat8_e4m3fn:
-      return ncclFloat8e4m3;
-    case at::kFloat8_e5m2:
-      return ncclFloat8e5m2;
-    default:
-      TORCH_CHECK_TYPE(
-          false,
-          "nccl_core ",
-          op,
-          ": dtype ",
-          type,
-          " is not supported; expected one of int8, uint8, bool, int32, "
-          "uint32, int64, uint64, float16, "
-          "bfloat16, float32, float64, float8_e4m3fn, float8_e5m2, complex64, "
-          "complex128");
-  }
-}
 
 const char* redOpName(c10d::ReduceOp::RedOpType op) {
   switch (op) {
@@ -81,17 +41,19 @@ bool isFloating(at::ScalarType type) {
 } // namespace
 
 NcclBuffer bufferOf(const at::Tensor& tensor, const char* op) {
-  const at::ScalarType type = tensor.scalar_type();
-  if (at::isComplexType(type)) {
-    return {
-        tensor.data_ptr(),
-        static_cast<size_t>(tensor.numel()) * 2,
-        toNcclType(c10::toRealValueType(type), op)};
-  }
+  const auto element = ncclElementType(tensor.scalar_type());
+  TORCH_CHECK_TYPE(
+      element.has_value(),
+      "nccl_core ",
+      op,
+      ": dtype ",
+      tensor.scalar_type(),
+      " is not supported; expected one of ",
+      kSupportedDtypes);
   return {
       tensor.data_ptr(),
-      static_cast<size_t>(tensor.numel()),
-      toNcclType(type, op)};
+      static_cast<size_t>(tensor.numel()) * element->perElement,
+      element->dtype};
 }
 
 void checkTensor(

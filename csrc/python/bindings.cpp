@@ -6,6 +6,8 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend/backend.h"
+#include "backend/dispatch.h"
+#include "nccl/memory.h"
 #include "nccl/version.h"
 
 namespace py = pybind11;
@@ -200,11 +202,45 @@ void bindBackend(py::module_& m) {
 
 } // namespace
 
+void bindMemory(py::module_& m) {
+  m.def(
+      "empty",
+      [](std::vector<int64_t> sizes,
+         at::ScalarType dtype,
+         c10::DeviceIndex device,
+         bool columnMajor) {
+        return emptyTensor(sizes, dtype, device, columnMajor);
+      },
+      py::arg("sizes"),
+      py::arg("dtype"),
+      py::arg("device"),
+      py::arg("column_major"),
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "resolve_tensor",
+      [](const at::Tensor& tensor) {
+        constexpr const char* kOp = "resolve_tensor";
+        TORCH_CHECK_VALUE(
+            tensor.is_cuda(),
+            "nccl_core resolve_tensor: expected a CUDA tensor, got one on ",
+            tensor.device());
+        checkTensor(tensor, tensor.device().index(), kOp, "tensor");
+        const NcclBuffer buf = bufferOf(tensor, kOp);
+        return py::make_tuple(
+            reinterpret_cast<uintptr_t>(buf.ptr),
+            buf.count,
+            static_cast<int>(buf.dtype),
+            static_cast<int>(tensor.device().index()));
+      },
+      py::arg("tensor"));
+}
+
 PYBIND11_MODULE(_C, m) {
   // The c10d classes this module derives from and takes as arguments.
   py::module_::import("torch.distributed");
   py::register_local_exception_translator(&translateErrors);
   bindOptions(m);
+  bindMemory(m);
   bindGroupOptions(m);
   bindBackend(m);
   m.def(

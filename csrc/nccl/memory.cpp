@@ -1,0 +1,128 @@
+#include "nccl/memory.h"
+
+#include <ATen/EmptyTensor.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <nccl.h>
+
+#include <mutex>
+#include <vector>
+
+#include "nccl/dtypes.h"
+#include "nccl/errors.h"
+
+namespace nccl_core {
+
+namespace {
+
+void* allocate(size_t bytes, c10::DeviceIndex device) {
+  c10::cuda::CUDAGuard guard(device);
+  void* ptr = nullptr;
+  NCCL_CORE_CHECK(ncclMemAlloc(&ptr, bytes));
+  return ptr;
+}
+
+void release(void* ptr, c10::DeviceIndex device) {
+  c10::cuda::CUDAGuard guard(device);
+  // ncclMemFree unmaps at once; kernels on any stream may still use the
+  // memory, so wait for the device first (as the caching allocator does
+  // before it hands memory back).
+  C10_CUDA_CHECK_WARN(cudaDeviceSynchronize());
+  NCCL_CORE_WARN(ncclMemFree(ptr));
+}
+
+struct Allocation {
+  void* ptr;
+  c10::DeviceIndex device;
+};
+
+void deleteAllocation(void* context) {
+  auto* allocation = static_cast<Allocation*>(context);
+  release(allocation->ptr, allocation->device);
+  delete allocation;
+}
+
+class NcclAllocator final : public c10::Allocator {
+ public:
+  explicit NcclAllocator(c10::DeviceIndex device) : device_(device) {}
+
+  at::DataPtr allocate(size_t bytes) override {
+    const at::Device device(at::kCUDA, device_);
+    if (bytes == 0) {
+      return {nullptr, nullptr, &c10::detail::deleteNothing, device};
+    }
+    void* ptr = nccl_core::allocate(bytes, device_);
+    return {ptr, new Allocation{ptr, device_}, &deleteAllocation, device};
+  }
+
+  void
+  copy_data(void* dest, const void* src, std::size_t count) const override {
+    C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
+  }
+
+ private:
+  const c10::DeviceIndex device_;
+};
+
+} // namespace
+
+std::shared_ptr<c10::Allocator> ncclAllocator(c10::DeviceIndex device) {
+  // One allocator per device, for the life of the process (torch keeps raw
+  // pointers to allocators in storages).
+  static std::mutex mutex;
+  static std::vector<std::shared_ptr<c10::Allocator>> allocators;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (allocators.size() <= static_cast<size_t>(device)) {
+    allocators.resize(device + 1);
+  }
+  if (!allocators[device]) {
+    allocators[device] = std::make_shared<NcclAllocator>(device);
+  }
+  return allocators[device];
+}
+
+at::Tensor emptyTensor(
+    at::IntArrayRef sizes,
+    at::ScalarType dtype,
+    c10::DeviceIndex device,
+    bool columnMajor) {
+  TORCH_CHECK_TYPE(
+      ncclElementType(dtype).has_value(),
+      "nccl_core empty: dtype ",
+      dtype,
+      " has no NCCL equivalent; expected one of ",
+      kSupportedDtypes);
+  for (int64_t size : sizes) {
+    TORCH_CHECK_VALUE(
+        size >= 0, "nccl_core empty: sizes must be >= 0, got ", sizes);
+  }
+  std::vector<int64_t> strides(sizes.size());
+  int64_t stride = 1;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    // Row-major: the last dim is contiguous; column-major: the first.
+    const size_t dim = columnMajor ? i : sizes.size() - 1 - i;
+    strides[dim] = stride;
+    stride *= std::max<int64_t>(sizes[dim], 1);
+  }
+  return at::detail::empty_strided_generic(
+      sizes,
+      strides,
+      ncclAllocator(device).get(),
+      c10::DispatchKeySet(c10::DispatchKey::CUDA),
+      dtype);
+}
+
+} // namespace nccl_core
+
+void* nccl_core_pool_alloc(ssize_t size, int device, cudaStream_t /*stream*/) {
+  return nccl_core::allocate(
+      static_cast<size_t>(size), static_cast<c10::DeviceIndex>(device));
+}
+
+void nccl_core_pool_free(
+    void* ptr,
+    ssize_t /*size*/,
+    int device,
+    cudaStream_t /*stream*/) {
+  nccl_core::release(ptr, static_cast<c10::DeviceIndex>(device));
+}
