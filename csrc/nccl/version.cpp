@@ -1,6 +1,5 @@
 #include "nccl/version.h"
 
-#include <dlfcn.h>
 #include <nccl.h>
 
 #include <c10/util/Exception.h>
@@ -14,23 +13,22 @@ namespace {
 struct FeatureInfo {
   const char* name;
   int minCode;
-  const char* minText;
 };
 
 FeatureInfo info(Feature feature) {
   switch (feature) {
     case Feature::Float8:
-      return {"float8", NCCL_VERSION(2, 24, 0), "2.24"};
+      return {"float8", NCCL_VERSION(2, 24, 0)};
     case Feature::WindowRegistration:
-      return {"window_registration", NCCL_VERSION(2, 27, 0), "2.27"};
+      return {"window_registration", NCCL_VERSION(2, 27, 0)};
     case Feature::DeviceApi:
-      return {"device_api", NCCL_VERSION(2, 28, 0), "2.28"};
+      return {"device_api", NCCL_VERSION(2, 28, 0)};
     case Feature::HostOneSided:
-      return {"host_one_sided", NCCL_VERSION(2, 29, 0), "2.29"};
+      return {"host_one_sided", NCCL_VERSION(2, 29, 0)};
     case Feature::WindowHostPointers:
-      return {"window_host_pointers", NCCL_VERSION(2, 29, 0), "2.29"};
+      return {"window_host_pointers", NCCL_VERSION(2, 29, 0)};
   }
-  return {"unknown", 0, "?"};
+  return {"unknown", 0};
 }
 
 constexpr Feature kAllFeatures[] = {
@@ -56,24 +54,6 @@ bool hasFeature(Feature feature) {
   return runtimeVersion().code >= info(feature).minCode;
 }
 
-void requireFeature(Feature feature, const char* what) {
-  if (hasFeature(feature)) {
-    return;
-  }
-  const auto& v = runtimeVersion();
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      false,
-      what,
-      " needs NCCL >= ",
-      info(feature).minText,
-      ", but the loaded NCCL is ",
-      v.major,
-      ".",
-      v.minor,
-      ".",
-      v.patch);
-}
-
 std::map<std::string, bool> featureMap() {
   std::map<std::string, bool> features;
   for (Feature feature : kAllFeatures) {
@@ -94,16 +74,6 @@ std::map<std::string, bool> featureMap() {
     features[name] = true;
   }
   return features;
-}
-
-void* findSymbol(const char* name) {
-  // libnccl.so.2 is already loaded (torch and this extension link it):
-  // RTLD_NOLOAD returns that very instance instead of loading another copy.
-  static void* handle = [] {
-    void* h = dlopen("libnccl.so.2", RTLD_LAZY | RTLD_NOLOAD);
-    return h != nullptr ? h : RTLD_DEFAULT;
-  }();
-  return dlsym(handle, name);
 }
 
 } // namespace nccl_core

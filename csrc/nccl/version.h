@@ -1,6 +1,7 @@
 // The one seam where NCCL version differences are decided: the runtime
-// library's version and the features it offers. Symbols newer than NCCL 2.28
-// are looked up with dlsym so one build loads on every NCCL >= 2.28.
+// library's version and the features it offers. The extension links only
+// symbols of NCCL 2.28, so one build loads on every NCCL >= 2.28; features of
+// newer releases are switched on from the runtime version.
 #pragma once
 
 #include <map>
@@ -30,14 +31,7 @@ enum class Feature {
 
 bool hasFeature(Feature feature);
 
-// Throws NotImplementedError naming the feature and the NCCL version it needs.
-void requireFeature(Feature feature, const char* what);
-
 // Every feature by name, for torch_nccl_core.features().
 std::map<std::string, bool> featureMap();
-
-// Address of an NCCL symbol in the loaded library, or nullptr when this NCCL
-// lacks it.
-void* findSymbol(const char* name);
 
 } // namespace nccl_core
