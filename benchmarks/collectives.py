@@ -72,9 +72,62 @@ class PlainVariant:
         pass
 
 
+def _group_of(groups: dict[str, dist.ProcessGroup], backend: str) -> dist.ProcessGroup:
+    for group in groups.values():
+        if dist.get_backend(group) == backend:
+            return group
+    raise SystemExit(f"this variant needs a {backend} group in --backends")
+
+
+class NcclMemVariant(PlainVariant):
+    """NCCL memory (torch_nccl_core.empty): nccl_core registers it on first use."""
+
+    def empty(self, numel: int) -> torch.Tensor:
+        import torch_nccl_core
+
+        return torch_nccl_core.empty(numel, dtype=DTYPE, device=self.device)
+
+
+class WindowVariant(PlainVariant):
+    """NCCL memory registered as a symmetric window of the nccl_core group."""
+
+    def __init__(self, device: torch.device, groups: dict[str, dist.ProcessGroup]):
+        super().__init__(device, groups)
+        self.group = _group_of(groups, "nccl_core")
+
+    def empty(self, numel: int) -> torch.Tensor:
+        import torch_nccl_core
+
+        return torch_nccl_core.empty(
+            numel, dtype=DTYPE, device=self.device, group=self.group, window=True
+        )
+
+
+class NcclPoolVariant(PlainVariant):
+    """The built-in backend's own MemPool, registered with its communicator."""
+
+    def __init__(self, device: torch.device, groups: dict[str, dist.ProcessGroup]):
+        super().__init__(device, groups)
+        self.backend = _group_of(groups, "nccl")._get_backend(device)
+        self.pool = torch.cuda.MemPool(self.backend.mem_allocator)
+        self.backend.register_mem_pool(self.pool)
+
+    def empty(self, numel: int) -> torch.Tensor:
+        with torch.cuda.use_mem_pool(self.pool):
+            return torch.empty(numel, dtype=DTYPE, device=self.device)
+
+    def close(self) -> None:
+        self.backend.deregister_mem_pool(self.pool)
+        del self.pool
+
+
 # name -> class(device, groups) providing .empty(numel) and .close().
-# Add variants (e.g. NCCL-registered or symmetric memory) here.
-VARIANTS = {"plain": PlainVariant}
+VARIANTS = {
+    "plain": PlainVariant,
+    "nccl_mem": NcclMemVariant,
+    "window": WindowVariant,
+    "nccl_pool": NcclPoolVariant,
+}
 
 # ----------------------------------------------------------------------------
 # Ops: one instance = one op at one size, owning its buffers.
@@ -543,7 +596,42 @@ def markdown(rows: list[Row], labels: list[str], head: list[str]) -> str:
                     fmt(ratio(by[base].busbw, by[o].busbw), ".3f"),
                 ]
             out.append("| " + " | ".join(cells) + " |")
-    return "\n".join(out) + "\n"
+    return "\n".join(out + memory_table(rows, labels)) + "\n"
+
+
+def memory_table(rows: list[Row], labels: list[str]) -> list[str]:
+    """Each backend's other memory variants against its own `plain` run, and bus bandwidth
+    against the baseline backend on plain memory."""
+    variants = [v for v in dict.fromkeys(r.variant for r in rows) if v != "plain"]
+    if not variants or not any(r.variant == "plain" for r in rows):
+        return []
+    base = labels[0]
+    table = pivot(rows)
+    cols = ["op", "bytes", "backend", "plain time us"]
+    for v in variants:
+        cols += [f"{v} time / plain", f"{v} busbw / {base} plain"]
+    out = ["", "## memory variants against plain memory", ""]
+    out += [
+        "time ratios below 1 mean the variant is faster than the same backend on plain memory;",
+        f"bandwidth ratios compare with {base} on plain memory.",
+        "",
+        "| " + " | ".join(cols) + " |",
+        "|---|---|---|" + "---:|" * (len(cols) - 3),
+    ]
+    for (variant, op, nbytes), by in table.items():
+        if variant != "plain":
+            continue
+        for label in labels:
+            plain = by[label]
+            cells = [op, human_bytes(nbytes), label, fmt(plain.time_us, ".2f")]
+            for v in variants:
+                other = table.get((v, op, nbytes), {}).get(label)
+                cells += [
+                    fmt(ratio(plain.time_us, other.time_us) if other else None, ".3f"),
+                    fmt(ratio(by[base].busbw, other.busbw) if other else None, ".3f"),
+                ]
+            out.append("| " + " | ".join(cells) + " |")
+    return out
 
 
 def write_csv(path: str, rows: list[Row]) -> None:

@@ -9,9 +9,17 @@ Importing this package registers the backend::
 import torch
 import torch.distributed  # noqa: F401  (the C++ backend derives from its classes)
 
-from . import _C
+from . import _C, interop
 from ._registration import BACKEND_NAME, register
 from ._version import __version__
+from .communicator import (
+    Communicator,
+    CustomRedOp,
+    RegisteredBuffer,
+    Window,
+    WindowFlag,
+    communicator,
+)
 from .memory import empty, mem_pool, resolve_tensor
 
 Options = _C.Options
@@ -31,10 +39,17 @@ register()
 
 __all__ = [
     "BACKEND_NAME",
+    "Communicator",
+    "CustomRedOp",
     "Options",
+    "RegisteredBuffer",
+    "Window",
+    "WindowFlag",
     "__version__",
+    "communicator",
     "empty",
     "features",
+    "interop",
     "mem_pool",
     "nccl_version",
     "resolve_tensor",

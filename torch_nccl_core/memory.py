@@ -5,8 +5,10 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.distributed as dist
 
 from . import _C
+from .communicator import WindowFlag, communicator
 
 __all__ = ["empty", "mem_pool", "resolve_tensor"]
 
@@ -35,26 +37,50 @@ def empty(
     dtype: torch.dtype | None = None,
     device: torch.device | int | str | None = None,
     morder: str = "C",
+    group: dist.ProcessGroup | None = None,
+    window: bool = False,
+    window_flags: WindowFlag = WindowFlag.COLL_SYMMETRIC,
 ) -> torch.Tensor:
     """An uninitialized tensor on NCCL-allocated memory, freed when it is garbage collected.
+
+    Ops of an ``nccl_core`` group on such a tensor register its memory with the group's
+    communicator on first use and run on it in place (zero-copy).
 
     Args:
         size: the shape, as integers or one sequence.
         dtype: defaults to ``torch.get_default_dtype()``.
-        device: a CUDA device; defaults to the current one.
+        device: a CUDA device; defaults to the current one (with ``window``: the group's).
         morder: ``"C"`` (row-major) or ``"F"`` (column-major strides).
+        group: with ``window``, the group whose communicator registers the window (default: the
+            world group).
+        window: register the memory as a window of ``group`` (collective: every rank of the group
+            calls ``empty`` with the same size together). The window lives as long as the
+            tensor's memory; ``communicator(group).find_window(t)`` returns it.
+        window_flags: flags of that window; ``COLL_SYMMETRIC`` lets collectives on it use NCCL's
+            symmetric kernels.
 
     Raises:
-        ValueError: ``morder`` is not ``"C"``/``"F"``, the device is not CUDA, or a size is
-            negative.
+        ValueError: ``morder`` is not ``"C"``/``"F"``, the device is not CUDA or not the group's,
+            a size is negative, or ``group`` is given without ``window``.
         TypeError: NCCL has no equivalent of ``dtype`` (e.g. int16), or a size is not an integer.
+        NotImplementedError: ``window`` where NCCL has no windows on this platform.
     """
     if morder not in ("C", "F"):
         raise ValueError(f"morder must be 'C' or 'F', got {morder!r}")
+    if group is not None and not window:
+        raise ValueError("group only applies to window=True allocations")
     sizes = _sizes(size)
-    device = _cuda_device(device)
     dtype = dtype if dtype is not None else torch.get_default_dtype()
-    return _C.empty(sizes, dtype, device.index, morder == "F")
+    if not window:
+        return _C.empty(sizes, dtype, _cuda_device(device).index, morder == "F")
+    comm = communicator(group)
+    device = _cuda_device(device if device is not None else comm.device)
+    if device.index != comm.device:
+        raise ValueError(f"the group's communicator is on cuda:{comm.device}, not on {device}")
+    tensor = _C.empty(sizes, dtype, device.index, morder == "F")
+    if comm.register_window(tensor, int(window_flags)) is None:
+        raise NotImplementedError("NCCL returned no window: windows are unsupported here")
+    return tensor
 
 
 def resolve_tensor(tensor: torch.Tensor) -> tuple[int, int, int, int]:

@@ -4,6 +4,7 @@
 
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/util/Logging.h>
+#include <c10/util/env.h>
 
 #include <algorithm>
 #include <cstring>
@@ -39,7 +40,10 @@ NcclCoreBackend::NcclCoreBackend(
       store_(std::move(store)),
       groupName_(std::make_shared<const std::string>(std::move(groupName))),
       options_(std::move(options)),
-      timeout_(options_->timeout.value_or(defaultTimeout)) {
+      timeout_(options_->timeout.value_or(defaultTimeout)),
+      autoRegister_(
+          c10::utils::check_env("TORCH_NCCL_CORE_AUTO_REGISTER")
+              .value_or(true)) {
   options_->validate();
   if (comm) {
     setupCommunicator(std::move(comm));
@@ -61,6 +65,12 @@ Communicator& NcclCoreBackend::communicator(at::Device device) {
     initCommunicator(device);
   }
   return *comm_;
+}
+
+std::shared_ptr<Communicator>
+NcclCoreBackend::sharedCommunicator(std::optional<at::Device> device) {
+  communicator(device ? *device : deviceForOpWithoutTensors({}));
+  return comm_;
 }
 
 c10::DeviceIndex NcclCoreBackend::checkedDevice(
@@ -100,7 +110,12 @@ void NcclCoreBackend::initCommunicator(at::Device device) {
   }
   setupCommunicator(
       Communicator::create(
-          getSize(), getRank(), id, device.index(), options_->toNcclConfig()));
+          getSize(),
+          getRank(),
+          id,
+          device.index(),
+          options_->toNcclConfig(),
+          timeout_));
 }
 
 void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
@@ -204,7 +219,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::endCoalescing() {
         false);
   }
   coalescedGroupOpen_ = false;
-  NCCL_CORE_CHECK(ncclGroupEnd());
+  comm_->check(ncclGroupEnd(), "ncclGroupEnd");
   EventPool::Event end = events_->acquire();
   C10_CUDA_CHECK(cudaEventRecord(end.get(), stream_->stream()));
   auto work = c10::make_intrusive<NcclWork>(

@@ -3,6 +3,7 @@
 // Work"; the shared steps live in launch() and dispatch.h.
 #pragma once
 
+#include <ATen/cuda/MemPool.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -49,6 +50,12 @@ class NcclCoreBackend : public c10d::Backend {
   bool supportsCoalescing() const override {
     return true;
   }
+
+  // Communication buffers on NCCL memory, cached in a torch MemPool (FSDP2's
+  // set_allocate_memory_from_process_group_for_comm asks for these).
+  std::shared_ptr<c10::Allocator> getMemAllocator() override;
+  at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
+  bool supportsTensorAlloc(c10::DeviceIndex deviceIdx) override;
 
   c10::intrusive_ptr<c10d::Work> broadcast(
       std::vector<at::Tensor>& tensors,
@@ -140,6 +147,10 @@ class NcclCoreBackend : public c10d::Backend {
   }
   // The communicator, created on first use; throws if the group failed.
   Communicator& communicator(at::Device device);
+  // The communicator for Python (torch_nccl_core.communicator); `device`
+  // defaults to the group's device.
+  std::shared_ptr<Communicator>
+  sharedCommunicator(std::optional<at::Device> device);
 
  private:
   struct Launch;
@@ -181,6 +192,10 @@ class NcclCoreBackend : public c10d::Backend {
   EventPool::Event ready_; // reused to order the internal stream
   std::unique_ptr<Watchdog> watchdog_;
   at::Tensor barrierToken_;
+  // TORCH_NCCL_CORE_AUTO_REGISTER (default on): register NCCL memory that
+  // ops touch.
+  const bool autoRegister_;
+  std::unique_ptr<at::cuda::MemPool> memPool_; // for allocateTensor
   uint64_t seq_ = 0;
   int splitCount_ = 0;
 

@@ -81,7 +81,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce(
   const at::Tensor& tensor = singleTensor(tensors, kOp, "tensor");
   checkedDevice(tensor, kOp, "tensor");
   const NcclBuffer buf = bufferOf(tensor, kOp);
-  const ReduceOp op(opts.reduceOp, tensor, comm_->get(), kOp);
+  const ReduceOp op(opts.reduceOp, tensor, *comm_, kOp);
   return launch(
       c10d::OpType::ALLREDUCE,
       kOp,
@@ -114,7 +114,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce_coalesced(
         ": all tensors must be on one device");
     bufs.push_back(bufferOf(tensor, kOp));
     ops.push_back(
-        std::make_unique<ReduceOp>(opts.reduceOp, tensor, comm_->get(), kOp));
+        std::make_unique<ReduceOp>(opts.reduceOp, tensor, *comm_, kOp));
     factors = withFactor(std::move(factors), *ops.back());
   }
   return launch(
@@ -150,7 +150,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce(
   checkRank(opts.rootRank, getSize(), kOp, "root");
   checkRootTensor(opts.rootTensor, kOp);
   const NcclBuffer buf = bufferOf(tensor, kOp);
-  const ReduceOp op(opts.reduceOp, tensor, comm_->get(), kOp);
+  const ReduceOp op(opts.reduceOp, tensor, *comm_, kOp);
   const int root = static_cast<int>(opts.rootRank);
   return launch(
       c10d::OpType::REDUCE,
@@ -347,7 +347,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter(
       list, getSize(), device, output.scalar_type(), kOp, "input list");
   checkNumel(list[getRank()], output.numel(), kOp, "this rank's input");
   const NcclBuffer out = bufferOf(output, kOp);
-  const ReduceOp op(opts.reduceOp, output, comm_->get(), kOp);
+  const ReduceOp op(opts.reduceOp, output, *comm_, kOp);
   // One reduce per rank in a group: also handles sizes that differ per rank.
   return launch(
       c10d::OpType::REDUCE_SCATTER,
@@ -379,7 +379,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::_reduce_scatter_base(
   checkNumel(input, output.numel() * getSize(), kOp, "input");
   const NcclBuffer out = bufferOf(output, kOp);
   void* in = input.data_ptr();
-  const ReduceOp op(opts.reduceOp, output, comm_->get(), kOp);
+  const ReduceOp op(opts.reduceOp, output, *comm_, kOp);
   return launch(
       c10d::OpType::_REDUCE_SCATTER_BASE,
       kOp,
@@ -416,8 +416,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter_tensor_coalesced(
     checkNumel(inputs[i], outputs[i].numel() * getSize(), kOp, "input");
     bufferOf(outputs[i], kOp); // dtype check before any NCCL call
     ops.push_back(
-        std::make_unique<ReduceOp>(
-            opts.reduceOp, outputs[i], comm_->get(), kOp));
+        std::make_unique<ReduceOp>(opts.reduceOp, outputs[i], *comm_, kOp));
     stash = withFactor(std::move(stash), *ops.back());
   }
   return launch(

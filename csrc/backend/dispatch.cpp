@@ -184,7 +184,7 @@ void checkRank(int64_t rank, int worldSize, const char* op, const char* what) {
 ReduceOp::ReduceOp(
     const c10d::ReduceOp& op,
     const at::Tensor& tensor,
-    ncclComm_t comm,
+    Communicator& comm,
     const char* opName) {
   const at::ScalarType type = tensor.scalar_type();
   const bool isBool = type == at::kBool;
@@ -229,6 +229,11 @@ ReduceOp::ReduceOp(
       if (!isFloating(type)) {
         refuse(" (PREMUL_SUM needs a floating-point or complex dtype)");
       }
+      if (const auto* custom =
+              dynamic_cast<CustomRedOpSupplement*>(op.supplement_.get())) {
+        useCustom(*custom->op, tensor, comm, opName);
+        break;
+      }
       const auto* premul =
           dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
       TORCH_CHECK_VALUE(
@@ -249,8 +254,8 @@ ReduceOp::ReduceOp(
           factor_.data_ptr(),
           bufferOf(factor_, opName).dtype,
           ncclScalarDevice,
-          comm));
-      comm_ = comm;
+          comm.get()));
+      comm_ = &comm;
       break;
     }
     default:
@@ -265,9 +270,33 @@ ReduceOp::ReduceOp(
   }
 }
 
+void ReduceOp::useCustom(
+    const CustomRedOp& custom,
+    const at::Tensor& tensor,
+    const Communicator& comm,
+    const char* opName) {
+  TORCH_CHECK_VALUE(
+      custom.ownedBy(comm),
+      "nccl_core ",
+      opName,
+      ": this custom reduce op belongs to another group's communicator; "
+      "create it with the communicator of the group the op runs on");
+  const ncclDataType_t dtype = bufferOf(tensor, opName).dtype;
+  TORCH_CHECK_TYPE(
+      custom.dtype() == dtype,
+      "nccl_core ",
+      opName,
+      ": the custom reduce op was created for NCCL dtype ",
+      static_cast<int>(custom.dtype()),
+      " but the tensor has dtype ",
+      tensor.scalar_type());
+  op_ = custom.get();
+}
+
 ReduceOp::~ReduceOp() {
-  if (comm_ != nullptr) {
-    NCCL_CORE_WARN(ncclRedOpDestroy(op_, comm_));
+  // An aborted communicator has already freed its ops.
+  if (comm_ != nullptr && !comm_->isAborted()) {
+    NCCL_CORE_WARN(ncclRedOpDestroy(op_, comm_->get()));
   }
 }
 

@@ -7,7 +7,10 @@
 #include <nccl.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
+#include <memory>
 #include <vector>
+
+#include "nccl/communicator.h"
 
 namespace nccl_core {
 
@@ -50,12 +53,20 @@ void checkRank(int64_t rank, int worldSize, const char* op, const char* what);
 // A reduce op for one tensor's dtype. PREMUL_SUM creates an NCCL custom op
 // that lives as long as this object; NCCL allows destroying it as soon as the
 // operations using it are enqueued.
+// The supplement of a torch ReduceOp made by Communicator.create_pre_mul_sum:
+// it carries the communicator's own NCCL op.
+struct CustomRedOpSupplement : c10d::_SupplementBase {
+  explicit CustomRedOpSupplement(std::shared_ptr<CustomRedOp> op)
+      : op(std::move(op)) {}
+  std::shared_ptr<CustomRedOp> op;
+};
+
 class ReduceOp {
  public:
   ReduceOp(
       const c10d::ReduceOp& op,
       const at::Tensor& tensor,
-      ncclComm_t comm,
+      Communicator& comm,
       const char* opName);
   ReduceOp(const ReduceOp&) = delete;
   ReduceOp& operator=(const ReduceOp&) = delete;
@@ -71,8 +82,14 @@ class ReduceOp {
   }
 
  private:
+  void useCustom(
+      const CustomRedOp& custom,
+      const at::Tensor& tensor,
+      const Communicator& comm,
+      const char* opName);
+
   ncclRedOp_t op_;
-  ncclComm_t comm_ = nullptr; // set when op_ is a custom op to destroy
+  Communicator* comm_ = nullptr; // set when op_ is a custom op to destroy
   at::Tensor factor_;
 };
 

@@ -38,14 +38,6 @@ class NcclGroup {
   bool open_ = true;
 };
 
-// The enqueue step's NCCL status, raised as DistBackendError naming the op.
-inline void
-checkEnqueued(ncclResult_t result, const char* op, ncclComm_t comm) {
-  if (C10_UNLIKELY(result != ncclSuccess)) {
-    throwNcclError(result, op, __FILE__, __LINE__, comm);
-  }
-}
-
 template <typename Enqueue>
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
     c10d::OpType type,
@@ -64,10 +56,17 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
   }
   const c10::cuda::CUDAStream current =
       c10::cuda::getCurrentCUDAStream(device.index());
+  if (autoRegister_) {
+    for (const auto* tensors : {&outputs, &inputs}) {
+      for (const at::Tensor& tensor : *tensors) {
+        comm.registerAutomatically(tensor.data_ptr(), tensor.nbytes());
+      }
+    }
+  }
 
   if (!asyncOp && !coalescing_ && !blocksHost) {
     // Lean path: the caller's stream already orders everything.
-    checkEnqueued(enqueue(comm.get(), current.stream()), name, comm.get());
+    comm.check(enqueue(comm.get(), current.stream()), name);
     if (!isCapturing(current.stream())) {
       watchdog_->noteSyncOp(current.stream(), name, info.seq);
     }
@@ -92,7 +91,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
   {
     // Temporaries made while enqueueing belong to the internal stream.
     c10::cuda::CUDAStreamGuard guard(*stream_);
-    checkEnqueued(enqueue(comm.get(), stream_->stream()), name, comm.get());
+    comm.check(enqueue(comm.get(), stream_->stream()), name);
   }
   inputs.insert(inputs.end(), outputs.begin(), outputs.end());
   if (coalescing_) {

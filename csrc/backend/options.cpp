@@ -5,12 +5,6 @@
 namespace nccl_core {
 
 void NcclCoreOptions::validate() const {
-  // Nonblocking communicators hung in their first initialization on the
-  // 2-GPU test machine (NCCL 2.28); refused until that is understood.
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      !blocking || *blocking,
-      "Options.blocking=False (nonblocking NCCL communicators) is not "
-      "supported yet");
   if (timeout) {
     TORCH_CHECK_VALUE(
         timeout->count() > 0,

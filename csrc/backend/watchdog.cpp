@@ -124,7 +124,8 @@ void Watchdog::run() {
 void Watchdog::poll() {
   const auto now = std::chrono::steady_clock::now();
   ncclResult_t asyncError = comm_->asyncError();
-  if (asyncError != ncclSuccess) {
+  // ncclInProgress: a nonblocking communicator still settling a call.
+  if (asyncError != ncclSuccess && asyncError != ncclInProgress) {
     trip(
         c10::str(
             "NCCL reported an asynchronous error on group '",

@@ -3,6 +3,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
+#include <thread>
+
 #include "nccl/errors.h"
 
 namespace nccl_core {
@@ -12,16 +14,17 @@ std::shared_ptr<Communicator> Communicator::create(
     int rank,
     const ncclUniqueId& id,
     int device,
-    ncclConfig_t config) {
+    ncclConfig_t config,
+    std::chrono::milliseconds timeout) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   ncclComm_t comm = nullptr;
   ncclResult_t result =
       ncclCommInitRankConfig(&comm, nranks, id, rank, &config);
-  if (result != ncclSuccess) {
-    throwNcclError(result, "ncclCommInitRankConfig", __FILE__, __LINE__, comm);
-  }
-  return std::shared_ptr<Communicator>(
-      new Communicator(comm, rank, nranks, device));
+  // Owned from here on, so that a failed initialization is aborted.
+  auto communicator =
+      adopt(comm, rank, nranks, device, config.blocking == 0, timeout);
+  communicator->check(result, "ncclCommInitRankConfig");
+  return communicator;
 }
 
 std::shared_ptr<Communicator>
@@ -30,8 +33,16 @@ Communicator::split(int color, int key, ncclConfig_t config) {
   ncclComm_t child = nullptr;
   ncclResult_t result = ncclCommSplit(
       get(), color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
-  if (result != ncclSuccess) {
+  if (result != ncclSuccess && result != ncclInProgress) {
     throwNcclError(result, "ncclCommSplit", __FILE__, __LINE__, comm_);
+  }
+  if (nonblocking_) {
+    // The parent's config decides: the split runs asynchronously and `child`
+    // is only written once the parent has settled.
+    const ncclResult_t state = settle(comm_, "ncclCommSplit");
+    if (state != ncclSuccess) {
+      throwNcclError(state, "ncclCommSplit", __FILE__, __LINE__, comm_);
+    }
   }
   if (child == nullptr) {
     return nullptr;
@@ -40,12 +51,36 @@ Communicator::split(int color, int key, ncclConfig_t config) {
   int childSize = 0;
   NCCL_CORE_CHECK(ncclCommUserRank(child, &childRank));
   NCCL_CORE_CHECK(ncclCommCount(child, &childSize));
-  return std::shared_ptr<Communicator>(
-      new Communicator(child, childRank, childSize, device_));
+  return adopt(
+      child, childRank, childSize, device_, config.blocking == 0, timeout_);
 }
 
-Communicator::Communicator(ncclComm_t comm, int rank, int size, int device)
-    : comm_(comm), rank_(rank), size_(size), device_(device) {}
+Communicator::Communicator(
+    ncclComm_t comm,
+    int rank,
+    int size,
+    int device,
+    bool nonblocking,
+    std::chrono::milliseconds timeout)
+    : comm_(comm),
+      rank_(rank),
+      size_(size),
+      device_(device),
+      nonblocking_(nonblocking),
+      timeout_(timeout) {}
+
+std::shared_ptr<Communicator> Communicator::adopt(
+    ncclComm_t comm,
+    int rank,
+    int size,
+    int device,
+    bool nonblocking,
+    std::chrono::milliseconds timeout) {
+  std::shared_ptr<Communicator> communicator(
+      new Communicator(comm, rank, size, device, nonblocking, timeout));
+  addAllocationObserver(communicator);
+  return communicator;
+}
 
 Communicator::~Communicator() {
   abort();
@@ -58,13 +93,56 @@ ncclComm_t Communicator::get() const {
   return comm_;
 }
 
+void Communicator::check(ncclResult_t result, const char* call) {
+  if (C10_LIKELY(result == ncclSuccess)) {
+    return;
+  }
+  if (result == ncclInProgress && nonblocking_) {
+    result = settle(comm_, call);
+    if (result == ncclSuccess) {
+      return;
+    }
+  }
+  throwNcclError(result, call, __FILE__, __LINE__, comm_);
+}
+
+ncclResult_t Communicator::settle(ncclComm_t comm, const char* call) const {
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  while (true) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t result = ncclCommGetAsyncError(comm, &state);
+    if (result != ncclSuccess) {
+      return result;
+    }
+    if (state != ncclInProgress) {
+      return state;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      C10_THROW_ERROR(
+          DistBackendError,
+          c10::str(
+              call,
+              " on a nonblocking NCCL communicator did not complete within ",
+              timeout_.count(),
+              " ms"));
+    }
+    std::this_thread::yield();
+  }
+}
+
 void Communicator::abort() noexcept {
   // ncclCommAbort rather than ncclCommDestroy: it frees the same resources
-  // but never waits for peers or for operations that may never complete.
-  std::lock_guard<std::mutex> lock(abortMutex_);
+  // (registrations and windows included) but never waits for peers or for
+  // operations that may never complete.
+  std::lock_guard<std::mutex> lock(mutex_);
   if (aborted_.exchange(true, std::memory_order_acq_rel)) {
     return;
   }
+  for (auto& [_, resource] : resources_) {
+    resource->closed_.store(true, std::memory_order_release);
+  }
+  resources_.clear();
+  byAllocation_.clear();
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   NCCL_CORE_WARN(ncclCommAbort(comm_));
 }
@@ -76,6 +154,159 @@ ncclResult_t Communicator::asyncError() const {
   ncclResult_t asyncResult = ncclSuccess;
   ncclResult_t result = ncclCommGetAsyncError(comm_, &asyncResult);
   return result != ncclSuccess ? result : asyncResult;
+}
+
+template <typename Resource, typename... Args>
+std::shared_ptr<Resource> Communicator::track(Args&&... args) {
+  auto resource =
+      std::make_shared<Resource>(weak_from_this(), std::forward<Args>(args)...);
+  resources_.emplace(resource.get(), resource);
+  return resource;
+}
+
+std::shared_ptr<RegisteredBuffer>
+Communicator::registerBuffer(void* ptr, size_t bytes) {
+  const auto allocation = findAllocation(ptr, bytes);
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  std::lock_guard<std::mutex> lock(mutex_);
+  void* handle = nullptr;
+  check(ncclCommRegister(get(), ptr, bytes, &handle), "ncclCommRegister");
+  return track<RegisteredBuffer>(
+      allocation ? std::optional<uint64_t>(allocation->id) : std::nullopt,
+      handle,
+      bytes);
+}
+
+std::shared_ptr<Window>
+Communicator::registerWindow(void* ptr, size_t bytes, int flags) {
+  const auto allocation = findAllocation(ptr, bytes);
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  // Collective: waits for the peers, so without the lock (abort must stay
+  // possible meanwhile).
+  ncclWindow_t window = nullptr;
+  check(
+      ncclCommWindowRegister(get(), ptr, bytes, &window, flags),
+      "ncclCommWindowRegister");
+  if (nonblocking_) {
+    // Returns before the peers joined; `window` is written once settled.
+    check(ncclInProgress, "ncclCommWindowRegister");
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (window == nullptr || isAborted()) {
+    return nullptr;
+  }
+  auto resource = track<Window>(
+      allocation ? std::optional<uint64_t>(allocation->id) : std::nullopt,
+      window,
+      ptr,
+      bytes,
+      flags);
+  if (allocation) {
+    // Ops on this allocation use the window; no buffer registration on top.
+    byAllocation_.emplace(allocation->id, resource);
+  }
+  return resource;
+}
+
+std::shared_ptr<CustomRedOp>
+Communicator::createPreMulSum(const void* hostScalar, ncclDataType_t dtype) {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  std::lock_guard<std::mutex> lock(mutex_);
+  ncclRedOp_t op;
+  check(
+      ncclRedOpCreatePreMulSum(
+          &op,
+          const_cast<void*>(hostScalar),
+          dtype,
+          ncclScalarHostImmediate,
+          get()),
+      "ncclRedOpCreatePreMulSum");
+  return track<CustomRedOp>(op, dtype);
+}
+
+std::shared_ptr<Window>
+Communicator::findWindow(const void* ptr, size_t bytes) {
+  const auto address = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [_, resource] : resources_) {
+    auto window = std::dynamic_pointer_cast<Window>(resource);
+    if (!window) {
+      continue;
+    }
+    const auto base = reinterpret_cast<uintptr_t>(window->userPtr());
+    if (address >= base && address + bytes <= base + window->size()) {
+      return window;
+    }
+  }
+  return nullptr;
+}
+
+size_t Communicator::resourceCount() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return resources_.size();
+}
+
+void Communicator::registerAutomatically(const void* ptr, size_t bytes) {
+  const auto allocation = findAllocation(ptr, bytes);
+  if (!allocation || allocation->device != device_) {
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (byAllocation_.count(allocation->id) != 0) {
+    return;
+  }
+  // The whole allocation, so every tensor carved from it (a MemPool segment)
+  // shares one registration.
+  void* handle = nullptr;
+  check(
+      ncclCommRegister(
+          get(),
+          reinterpret_cast<void*>(allocation->base),
+          allocation->size,
+          &handle),
+      "ncclCommRegister");
+  byAllocation_.emplace(
+      allocation->id,
+      track<RegisteredBuffer>(allocation->id, handle, allocation->size));
+}
+
+void Communicator::close(CommResource& resource) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (resource.closed_.exchange(true, std::memory_order_acq_rel)) {
+    return;
+  }
+  auto it = resources_.find(&resource);
+  if (it == resources_.end()) {
+    return;
+  }
+  // Keeps the resource alive until released, whoever else lets go of it.
+  std::shared_ptr<CommResource> owned = std::move(it->second);
+  resources_.erase(it);
+  if (const auto& allocation = owned->allocation()) {
+    auto entry = byAllocation_.find(*allocation);
+    if (entry != byAllocation_.end() && entry->second == owned) {
+      byAllocation_.erase(entry);
+    }
+  }
+  if (!isAborted()) {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    owned->release(comm_);
+  }
+}
+
+void Communicator::onFree(const Allocation& allocation) noexcept {
+  std::vector<std::shared_ptr<CommResource>> covering;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [_, resource] : resources_) {
+      if (resource->allocation() == allocation.id) {
+        covering.push_back(resource);
+      }
+    }
+  }
+  for (const auto& resource : covering) {
+    close(*resource);
+  }
 }
 
 } // namespace nccl_core

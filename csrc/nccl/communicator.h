@@ -1,24 +1,32 @@
-// Move-only RAII owner of one ncclComm_t. Nothing outside csrc/nccl calls
-// ncclComm* directly.
+// Move-only RAII owner of one ncclComm_t and of the resources registered with
+// it. Nothing outside csrc/nccl calls ncclComm* directly.
 #pragma once
 
 #include <nccl.h>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
+
+#include "nccl/allocations.h"
+#include "nccl/resources.h"
 
 namespace nccl_core {
 
-class Communicator {
+class Communicator final : public AllocationObserver,
+                           public std::enable_shared_from_this<Communicator> {
  public:
-  // Collective over the `nranks` processes that share `id`.
+  // Collective over the `nranks` processes that share `id`. A nonblocking
+  // config (blocking = 0) is waited for up to `timeout`.
   static std::shared_ptr<Communicator> create(
       int nranks,
       int rank,
       const ncclUniqueId& id,
       int device,
-      ncclConfig_t config);
+      ncclConfig_t config,
+      std::chrono::milliseconds timeout);
 
   // ncclCommSplit, collective over this communicator. Returns nullptr on a
   // rank that passes color < 0 (it joins no new communicator).
@@ -26,7 +34,7 @@ class Communicator {
 
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
-  ~Communicator();
+  ~Communicator() override;
 
   // The raw handle, for enqueueing operations. Throws DistBackendError once
   // the communicator was aborted.
@@ -45,22 +53,72 @@ class Communicator {
     return aborted_.load(std::memory_order_acquire);
   }
 
-  // Frees the communicator and makes any operation still running on it
-  // return. Idempotent, never throws, never waits for peers.
+  // Raises DistBackendError naming `call` unless `result` is a success. On a
+  // nonblocking communicator ncclInProgress is waited for first.
+  void check(ncclResult_t result, const char* call);
+
+  // Frees the communicator and every resource registered with it, and makes
+  // any operation still running on it return. Idempotent, never throws,
+  // never waits for peers.
   void abort() noexcept;
 
   // The asynchronous error NCCL recorded, ncclSuccess when there is none.
   ncclResult_t asyncError() const;
 
+  // Resources (see resources.h), tracked until closed.
+  std::shared_ptr<RegisteredBuffer> registerBuffer(void* ptr, size_t bytes);
+  // Collective: every rank registers a buffer of the same size together.
+  std::shared_ptr<Window> registerWindow(void* ptr, size_t bytes, int flags);
+  std::shared_ptr<CustomRedOp>
+  createPreMulSum(const void* hostScalar, ncclDataType_t dtype);
+  // The window of this communicator covering [ptr, ptr + bytes), if any.
+  std::shared_ptr<Window> findWindow(const void* ptr, size_t bytes);
+  size_t resourceCount();
+
+  // Registers the NCCL allocation holding [ptr, ptr + bytes) with this
+  // communicator on first use, so NCCL works on it in place. Memory that is
+  // not NCCL memory is left alone. Local, cheap when already registered.
+  void registerAutomatically(const void* ptr, size_t bytes);
+
+  void close(CommResource& resource) noexcept;
+
  private:
-  Communicator(ncclComm_t comm, int rank, int size, int device);
+  Communicator(
+      ncclComm_t comm,
+      int rank,
+      int size,
+      int device,
+      bool nonblocking,
+      std::chrono::milliseconds timeout);
+  static std::shared_ptr<Communicator> adopt(
+      ncclComm_t comm,
+      int rank,
+      int size,
+      int device,
+      bool nonblocking,
+      std::chrono::milliseconds timeout);
+
+  // Polls a nonblocking communicator until NCCL finished `call`.
+  ncclResult_t settle(ncclComm_t comm, const char* call) const;
+  template <typename Resource, typename... Args>
+  std::shared_ptr<Resource> track(Args&&... args);
+  void onFree(const Allocation& allocation) noexcept override;
 
   ncclComm_t comm_;
   const int rank_;
   const int size_;
   const int device_;
+  const bool nonblocking_;
+  const std::chrono::milliseconds timeout_;
   std::atomic<bool> aborted_{false};
-  std::mutex abortMutex_;
+
+  // Guards abort and the resource tables; never held across a collective.
+  std::mutex mutex_;
+  std::unordered_map<const CommResource*, std::shared_ptr<CommResource>>
+      resources_;
+  // Registrations made by registerAutomatically (and windows of collective
+  // allocations), by allocation id.
+  std::unordered_map<uint64_t, std::shared_ptr<CommResource>> byAllocation_;
 };
 
 } // namespace nccl_core

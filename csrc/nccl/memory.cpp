@@ -8,6 +8,7 @@
 #include <mutex>
 #include <vector>
 
+#include "nccl/allocations.h"
 #include "nccl/dtypes.h"
 #include "nccl/errors.h"
 
@@ -19,6 +20,7 @@ void* allocate(size_t bytes, c10::DeviceIndex device) {
   c10::cuda::CUDAGuard guard(device);
   void* ptr = nullptr;
   NCCL_CORE_CHECK(ncclMemAlloc(&ptr, bytes));
+  recordAllocation(ptr, bytes, device);
   return ptr;
 }
 
@@ -28,6 +30,9 @@ void release(void* ptr, c10::DeviceIndex device) {
   // memory, so wait for the device first (as the caching allocator does
   // before it hands memory back).
   C10_CUDA_CHECK_WARN(cudaDeviceSynchronize());
+  // Registrations of this memory go first: NCCL must not keep a handle to
+  // an address that a later allocation may reuse.
+  forgetAllocation(ptr);
   NCCL_CORE_WARN(ncclMemFree(ptr));
 }
 

@@ -27,6 +27,8 @@ FeatureInfo info(Feature feature) {
       return {"host_one_sided", NCCL_VERSION(2, 29, 0)};
     case Feature::WindowHostPointers:
       return {"window_host_pointers", NCCL_VERSION(2, 29, 0)};
+    case Feature::WindowStrictOrdering:
+      return {"window_strict_ordering", NCCL_VERSION(2, 29, 0)};
   }
   return {"unknown", 0};
 }
@@ -36,7 +38,8 @@ constexpr Feature kAllFeatures[] = {
     Feature::WindowRegistration,
     Feature::DeviceApi,
     Feature::HostOneSided,
-    Feature::WindowHostPointers};
+    Feature::WindowHostPointers,
+    Feature::WindowStrictOrdering};
 
 } // namespace
 

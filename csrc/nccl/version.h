@@ -22,11 +22,12 @@ const NcclVersion& runtimeVersion();
 
 // Minimum runtime versions of optional features.
 enum class Feature {
-  Float8,             // ncclFloat8e4m3 / ncclFloat8e5m2
-  WindowRegistration, // ncclCommWindowRegister
-  DeviceApi,          // ncclDevCommCreate (device communicators)
-  HostOneSided,       // ncclPutSignal / ncclSignal / ncclWaitSignal
-  WindowHostPointers, // ncclWinGetUserPtr and host-side peer pointers
+  Float8,               // ncclFloat8e4m3 / ncclFloat8e5m2
+  WindowRegistration,   // ncclCommWindowRegister
+  DeviceApi,            // ncclDevCommCreate (device communicators)
+  HostOneSided,         // ncclPutSignal / ncclSignal / ncclWaitSignal
+  WindowHostPointers,   // ncclWinGetUserPtr and host-side peer pointers
+  WindowStrictOrdering, // NCCL_WIN_STRICT_ORDERING
 };
 
 bool hasFeature(Feature feature);

@@ -9,6 +9,7 @@
 #include "backend/dispatch.h"
 #include "nccl/memory.h"
 #include "nccl/version.h"
+#include "python/communicator_bindings.h"
 
 namespace py = pybind11;
 
@@ -197,7 +198,13 @@ void bindBackend(py::module_& m) {
       .def(
           "perform_nocolor_split",
           [](NcclCoreBackend&, const at::Device&) {},
-          py::arg("device"));
+          py::arg("device"))
+      .def(
+          "communicator",
+          &NcclCoreBackend::sharedCommunicator,
+          py::arg("device") = py::none(),
+          py::call_guard<py::gil_scoped_release>(),
+          "The group's NCCL communicator, created on first use.");
 }
 
 } // namespace
@@ -241,6 +248,7 @@ PYBIND11_MODULE(_C, m) {
   py::register_local_exception_translator(&translateErrors);
   bindOptions(m);
   bindMemory(m);
+  bindCommunicator(m);
   bindGroupOptions(m);
   bindBackend(m);
   m.def(

@@ -88,9 +88,8 @@ def test_options_reject_out_of_range(kwargs, message):
         torch_nccl_core.Options(**kwargs)
 
 
-def test_nonblocking_communicators_are_refused():
-    with pytest.raises(NotImplementedError, match="blocking=False"):
-        torch_nccl_core.Options(blocking=False)
+def test_nonblocking_communicators_are_accepted():
+    assert torch_nccl_core.Options(blocking=False).blocking is False
 
 
 def test_options_are_keyword_only():

@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+import torch_nccl_core
+
 from .helpers import WORLD_SIZE
 
 try:
@@ -97,17 +99,26 @@ def test_ddp_matches_builtin_nccl_and_replica(rank, device, nccl_group):
 
 
 @pytest.mark.skipif(fully_shard is None, reason="this torch has no FSDP2 (fully_shard)")
-def test_fsdp2_matches_replica(rank):
+@pytest.mark.parametrize("comm_buffers", ["torch", "process_group"])
+def test_fsdp2_matches_replica(rank, comm_buffers):
+    """FSDP2, with its communication buffers from torch or from the group (NCCL memory)."""
     model = _model()
     for layer in model:
         if isinstance(layer, nn.Linear):
             fully_shard(layer)
     fully_shard(model)
+    if comm_buffers == "process_group":
+        model.set_allocate_memory_from_process_group_for_comm(True)
+    mesh_comm = torch_nccl_core.communicator(next(model.parameters()).device_mesh.get_group())
+    registered_before = mesh_comm._resource_count()
     losses = _train(model, _batches(rank, FSDP_STEPS))
     params = [p.full_tensor() for p in model.parameters()]  # all-gathers the shards
     replica_losses, replica_params = _train_replica(rank, FSDP_STEPS)
     assert all(
         dist.get_backend(p.device_mesh.get_group()) == "nccl_core" for p in model.parameters()
     )
+    # Buffers from the group are NCCL memory, registered when FSDP's collectives use them.
+    registered = mesh_comm._resource_count() - registered_before
+    assert (registered > 0) == (comm_buffers == "process_group"), registered
     torch.testing.assert_close(losses, replica_losses, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(params, replica_params, rtol=1e-5, atol=1e-5)

@@ -18,6 +18,7 @@ from .helpers import (
     poisoned,
     probe_group,
     rank_tensor,
+    reference_reduce,
 )
 
 OPTION_SETS = {
@@ -30,6 +31,7 @@ OPTION_SETS = {
         "max_ctas": 8,
     },
     "blocking-cga": {"blocking": True, "cga_cluster_size": 2},
+    "nonblocking": {"blocking": False},
 }
 
 
@@ -62,3 +64,29 @@ def test_features_are_named_booleans():
     assert isinstance(features, dict), features
     assert all(isinstance(k, str) and isinstance(v, bool) for k, v in features.items()), features
     assert "float8" in features, features
+
+
+def test_nonblocking_group_runs_every_kind_of_call(rank, world_size):
+    """A nonblocking communicator: collectives, p2p, coalescing, a split and a window."""
+    options = torch_nccl_core.Options(blocking=False)
+    group = dist.new_group(backend="nccl_core", pg_options=options)
+    peer = (rank + 1) % world_size
+    received = torch.zeros(SWEEP_NUMEL, device="cuda")
+    ops = [
+        dist.P2POp(dist.isend, rank_tensor(SWEEP_NUMEL, torch.float32, rank), peer, group=group),
+        dist.P2POp(dist.irecv, received, peer, group=group),
+    ]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    child = dist.split_group(group, split_ranks=[list(range(world_size))])
+    child_probe = probe_group(child)
+    window_tensor = torch_nccl_core.empty(SWEEP_NUMEL, group=group, window=True)
+    window_tensor.copy_(rank_tensor(SWEEP_NUMEL, torch.float32, rank))
+    dist.all_reduce(window_tensor, group=group)
+    probe = probe_group(group)
+    dist.destroy_process_group(child)
+    dist.destroy_process_group(group)
+    assert_equal(received, rank_tensor(SWEEP_NUMEL, torch.float32, peer))
+    assert_equal(*child_probe)
+    assert_equal(window_tensor, reference_reduce(all_ranks(SWEEP_NUMEL, torch.float32), "sum"))
+    assert_equal(*probe)

@@ -1,0 +1,79 @@
+// Communication buffers from the backend (c10d's allocateTensor): NCCL memory
+// cached by a torch MemPool, so repeated requests cost no ncclMemAlloc and
+// the ops that use them run on registered memory.
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+
+#include "backend/backend.h"
+#include "nccl/memory.h"
+
+namespace nccl_core {
+
+namespace {
+
+// Closes the routing of allocations to a pool on every exit path.
+class AllocateToPool {
+ public:
+  AllocateToPool(c10::DeviceIndex device, c10::cuda::MempoolId_t pool)
+      : device_(device), pool_(pool) {
+    c10::cuda::CUDACachingAllocator::beginAllocateToPool(
+        device_, pool_, [](cudaStream_t) { return true; });
+  }
+  AllocateToPool(const AllocateToPool&) = delete;
+  AllocateToPool& operator=(const AllocateToPool&) = delete;
+  ~AllocateToPool() {
+    c10::cuda::CUDACachingAllocator::endAllocateToPool(device_, pool_);
+  }
+
+ private:
+  const c10::DeviceIndex device_;
+  const c10::cuda::MempoolId_t pool_;
+};
+
+using PoolAllocator = c10::cuda::CUDACachingAllocator::CUDAAllocator;
+
+const std::shared_ptr<PoolAllocator>& poolAllocator() {
+  // One for the process: torch keeps allocators for its whole life.
+  static const std::shared_ptr<PoolAllocator> allocator =
+      torch::cuda::CUDAPluggableAllocator::createCustomAllocator(
+          nccl_core_pool_alloc, nccl_core_pool_free);
+  return allocator;
+}
+
+} // namespace
+
+std::shared_ptr<c10::Allocator> NcclCoreBackend::getMemAllocator() {
+  return poolAllocator();
+}
+
+bool NcclCoreBackend::supportsTensorAlloc(c10::DeviceIndex deviceIdx) {
+  return deviceIdx >= 0;
+}
+
+at::Tensor
+NcclCoreBackend::allocateTensor(long size, at::TensorOptions options) {
+  TORCH_CHECK_VALUE(
+      size >= 0, "nccl_core allocateTensor: size must be >= 0, got ", size);
+  const at::Device device =
+      options.has_device() ? options.device() : deviceForOpWithoutTensors({});
+  TORCH_CHECK_VALUE(
+      device.is_cuda() && device.has_index(),
+      "nccl_core allocateTensor: expected a CUDA device with an index, got ",
+      device);
+  if (!memPool_) {
+    c10::cuda::CUDAGuard guard(device.index());
+    memPool_ = std::make_unique<at::cuda::MemPool>(poolAllocator());
+  }
+  TORCH_CHECK_VALUE(
+      memPool_->device() == device.index(),
+      "nccl_core allocateTensor: this group allocates on cuda:",
+      memPool_->device(),
+      ", not on ",
+      device);
+  c10::cuda::CUDAGuard guard(device.index());
+  AllocateToPool route(device.index(), memPool_->id());
+  return at::empty({size}, options.device(device));
+}
+
+} // namespace nccl_core

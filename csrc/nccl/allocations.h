@@ -1,0 +1,41 @@
+// The process-wide table of live NCCL allocations (ncclMemAlloc), so that a
+// tensor's memory can be recognised as NCCL memory and every registration
+// of an allocation dropped before the allocation is freed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+namespace nccl_core {
+
+struct Allocation {
+  uintptr_t base;
+  size_t size;
+  // Unique for the life of the process: a freed and reused address gets a new
+  // id, so nothing keyed by id can match a stale allocation.
+  uint64_t id;
+  int device;
+};
+
+// Told when an allocation is about to be freed; holds no lock of the table.
+class AllocationObserver {
+ public:
+  virtual ~AllocationObserver() = default;
+  virtual void onFree(const Allocation& allocation) noexcept = 0;
+};
+
+void recordAllocation(void* ptr, size_t size, int device);
+
+// Removes the allocation and tells every live observer, before the caller
+// frees the memory.
+void forgetAllocation(void* ptr);
+
+// The allocation holding [ptr, ptr + bytes), if that range is NCCL memory.
+std::optional<Allocation> findAllocation(const void* ptr, size_t bytes);
+
+// Observers are held weakly: one that is destroyed simply stops hearing.
+void addAllocationObserver(std::weak_ptr<AllocationObserver> observer);
+
+} // namespace nccl_core

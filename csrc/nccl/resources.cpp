@@ -1,0 +1,69 @@
+#include "nccl/resources.h"
+
+#include <c10/util/Exception.h>
+
+#include "nccl/communicator.h"
+#include "nccl/errors.h"
+
+namespace nccl_core {
+
+CommResource::CommResource(
+    std::weak_ptr<Communicator> comm,
+    std::optional<uint64_t> allocation)
+    : comm_(std::move(comm)), allocation_(allocation) {}
+
+void CommResource::close() noexcept {
+  if (auto comm = comm_.lock()) {
+    comm->close(*this);
+  } else {
+    // The communicator is gone and took the NCCL handle with it.
+    closed_.store(true, std::memory_order_release);
+  }
+}
+
+void CommResource::requireValid() const {
+  TORCH_CHECK(
+      isValid(),
+      "nccl_core: this ",
+      kind(),
+      " was closed (by close(), by freeing its memory, or by destroying or "
+      "aborting its communicator)");
+}
+
+uintptr_t RegisteredBuffer::handle() const {
+  requireValid();
+  return reinterpret_cast<uintptr_t>(handle_);
+}
+
+void RegisteredBuffer::release(ncclComm_t comm) noexcept {
+  NCCL_CORE_WARN(ncclCommDeregister(comm, handle_));
+}
+
+ncclWindow_t Window::get() const {
+  requireValid();
+  return window_;
+}
+
+void* Window::userPtr() const {
+  requireValid();
+  return userPtr_;
+}
+
+void Window::release(ncclComm_t comm) noexcept {
+  NCCL_CORE_WARN(ncclCommWindowDeregister(comm, window_));
+}
+
+ncclRedOp_t CustomRedOp::get() const {
+  requireValid();
+  return op_;
+}
+
+bool CustomRedOp::ownedBy(const Communicator& comm) const {
+  return communicator().get() == &comm;
+}
+
+void CustomRedOp::release(ncclComm_t comm) noexcept {
+  NCCL_CORE_WARN(ncclRedOpDestroy(op_, comm));
+}
+
+} // namespace nccl_core

@@ -1,0 +1,127 @@
+#include "nccl/window_pointers.h"
+
+#include <c10/util/Exception.h>
+#include <dlfcn.h>
+
+#include "nccl/errors.h"
+#include "nccl/version.h"
+
+namespace nccl_core {
+
+namespace {
+
+// NCCL >= 2.29 host queries, looked up at run time so that one build loads on
+// NCCL 2.28 too.
+using LsaPointerFn = ncclResult_t (*)(ncclWindow_t, size_t, int, void**);
+using MultimemPointerFn = ncclResult_t (*)(ncclWindow_t, size_t, void**);
+
+template <typename Fn>
+Fn hostQuery(const char* name) {
+  return hasFeature(Feature::WindowHostPointers)
+             ? reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name))
+             : nullptr;
+}
+
+[[noreturn]] void refuseOldRuntime(const char* what) {
+  const NcclVersion& v = runtimeVersion();
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      false,
+      "nccl_core: ",
+      what,
+      " needs NCCL >= 2.29 at run time (this process has ",
+      v.major,
+      ".",
+      v.minor,
+      ".",
+      v.patch,
+      "), or NCCL 2.28 with this extension built against NCCL 2.28's "
+      "headers (it was built against ",
+      NCCL_MAJOR,
+      ".",
+      NCCL_MINOR,
+      ")");
+}
+
+} // namespace
+
+LsaTeam lsaTeam(Communicator& comm) {
+  return detail::queryLsaTeam(comm.get());
+}
+
+std::optional<int> lsaRankOf(Communicator& comm, int peer) {
+  const LsaTeam team = lsaTeam(comm);
+  const int distance = peer - comm.rank();
+  if (team.stride == 0 || distance % team.stride != 0) {
+    return std::nullopt;
+  }
+  const int lsaRank = team.rank + distance / team.stride;
+  if (lsaRank < 0 || lsaRank >= team.size) {
+    return std::nullopt;
+  }
+  return lsaRank;
+}
+
+uintptr_t lsaPointer(
+    Communicator& comm,
+    const Window& window,
+    int lsaRank,
+    size_t offset) {
+  const LsaTeam team = lsaTeam(comm);
+  TORCH_CHECK_VALUE(
+      lsaRank >= 0 && lsaRank < team.size,
+      "nccl_core: lsa_rank ",
+      lsaRank,
+      " is out of range; expected 0 <= lsa_rank < ",
+      team.size,
+      " (the LSA team size)");
+  TORCH_CHECK_VALUE(
+      offset <= window.size(),
+      "nccl_core: offset ",
+      offset,
+      " is past the end of the window (",
+      window.size(),
+      " bytes)");
+  static const auto query = hostQuery<LsaPointerFn>("ncclGetLsaDevicePointer");
+  if (query) {
+    void* ptr = nullptr;
+    NCCL_CORE_CHECK(query(window.get(), offset, lsaRank, &ptr));
+    return reinterpret_cast<uintptr_t>(ptr);
+  }
+  const std::vector<uintptr_t> bases =
+      detail::readLsaBases(window.get(), team.size, comm.device());
+  if (bases.empty()) {
+    refuseOldRuntime("reading window addresses");
+  }
+  return bases[lsaRank] + offset;
+}
+
+std::optional<uintptr_t>
+peerPointer(Communicator& comm, const Window& window, int peer, size_t offset) {
+  TORCH_CHECK_VALUE(
+      peer >= 0 && peer < comm.size(),
+      "nccl_core: peer ",
+      peer,
+      " is out of range; expected 0 <= peer < ",
+      comm.size());
+  const std::optional<int> lsaRank = lsaRankOf(comm, peer);
+  if (!lsaRank) {
+    return std::nullopt;
+  }
+  return lsaPointer(comm, window, *lsaRank, offset);
+}
+
+std::optional<uintptr_t> multimemPointer(const Window& window, size_t offset) {
+  static const auto query =
+      hostQuery<MultimemPointerFn>("ncclGetLsaMultimemDevicePointer");
+  if (!query) {
+    refuseOldRuntime("multimem_pointer");
+  }
+  void* ptr = nullptr;
+  NCCL_CORE_CHECK(query(window.get(), offset, &ptr));
+  if (ptr == nullptr) {
+    return std::nullopt;
+  }
+  return reinterpret_cast<uintptr_t>(ptr);
+}
+
+} // namespace nccl_core

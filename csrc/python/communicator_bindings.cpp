@@ -1,0 +1,217 @@
+// pybind11 classes of torch_nccl_core.communicator(): the communicator of a
+// group and the resources it owns (seeds 000/001).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "backend/backend.h"
+#include "backend/dispatch.h"
+#include "nccl/allocations.h"
+#include "nccl/dtypes.h"
+#include "nccl/version.h"
+#include "nccl/window_pointers.h"
+#include "python/communicator_bindings.h"
+
+namespace py = pybind11;
+
+namespace nccl_core {
+
+namespace {
+
+constexpr int kKnownWindowFlags = NCCL_WIN_COLL_SYMMETRIC | 0x2;
+constexpr int kStrictOrdering = 0x2; // NCCL_WIN_STRICT_ORDERING (2.29)
+
+// A tensor this communicator can register: CUDA, dense, on its device.
+void checkRegistrable(
+    const Communicator& comm,
+    const at::Tensor& tensor,
+    const char* op) {
+  TORCH_CHECK_VALUE(
+      tensor.defined() && tensor.is_cuda(),
+      "nccl_core ",
+      op,
+      ": expected a CUDA tensor, got ",
+      tensor.defined() ? c10::str("one on ", tensor.device())
+                       : std::string("an undefined tensor"));
+  checkTensor(
+      tensor, static_cast<c10::DeviceIndex>(comm.device()), op, "tensor");
+  TORCH_CHECK_VALUE(
+      tensor.nbytes() > 0, "nccl_core ", op, ": the tensor is empty");
+}
+
+void checkWindowFlags(int flags) {
+  TORCH_CHECK_VALUE(
+      (flags & ~kKnownWindowFlags) == 0,
+      "nccl_core register_window: unknown flags ",
+      flags,
+      "; expected a combination of WindowFlag.DEFAULT, COLL_SYMMETRIC and "
+      "STRICT_ORDERING");
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      (flags & kStrictOrdering) == 0 ||
+          hasFeature(Feature::WindowStrictOrdering),
+      "nccl_core register_window: WindowFlag.STRICT_ORDERING needs NCCL >= "
+      "2.29 at run time");
+}
+
+std::shared_ptr<Window>
+registerWindow(Communicator& comm, const at::Tensor& tensor, int flags) {
+  constexpr const char* kOp = "register_window";
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      hasFeature(Feature::WindowRegistration),
+      "nccl_core register_window needs NCCL >= 2.27 at run time");
+  checkRegistrable(comm, tensor, kOp);
+  checkWindowFlags(flags);
+  TORCH_CHECK_VALUE(
+      findAllocation(tensor.data_ptr(), tensor.nbytes()).has_value(),
+      "nccl_core register_window: the tensor must lie in NCCL memory "
+      "(torch_nccl_core.empty, mem_pool, or a group's allocate_tensor); it "
+      "lies in ordinary CUDA memory");
+  TORCH_CHECK_VALUE(
+      reinterpret_cast<uintptr_t>(tensor.data_ptr()) %
+              NCCL_WIN_REQUIRED_ALIGNMENT ==
+          0,
+      "nccl_core register_window: the tensor's data must be aligned to ",
+      NCCL_WIN_REQUIRED_ALIGNMENT,
+      " bytes (allocate it on its own, not as a view into another tensor)");
+  py::gil_scoped_release noGil;
+  return comm.registerWindow(tensor.data_ptr(), tensor.nbytes(), flags);
+}
+
+// The host scalar in the dtype NCCL will read it as.
+std::shared_ptr<CustomRedOp>
+createPreMulSum(Communicator& comm, double scalar, at::ScalarType dtype) {
+  TORCH_CHECK_TYPE(
+      at::isFloatingType(dtype) && ncclElementType(dtype).has_value(),
+      "nccl_core create_pre_mul_sum: dtype must be a floating-point dtype "
+      "NCCL reduces (float16, bfloat16, float32, float64), got ",
+      dtype);
+  const at::Tensor value =
+      at::full({1}, scalar, at::TensorOptions().dtype(dtype));
+  return comm.createPreMulSum(value.data_ptr(), ncclElementType(dtype)->dtype);
+}
+
+c10d::ReduceOp asReduceOp(const std::shared_ptr<CustomRedOp>& op) {
+  op->get(); // raises if closed
+  return c10d::ReduceOp(
+      c10d::ReduceOp::PREMUL_SUM,
+      c10::make_intrusive<CustomRedOpSupplement>(op));
+}
+
+template <typename Resource, typename Class>
+void bindResourceBase(Class& cls) {
+  cls.def("close", &Resource::close, "Releases the resource; idempotent.")
+      .def_property_readonly(
+          "is_valid", &Resource::isValid, "False once closed.");
+}
+
+void bindResources(py::module_& m) {
+  py::class_<RegisteredBuffer, std::shared_ptr<RegisteredBuffer>> buffer(
+      m,
+      "RegisteredBuffer",
+      "A buffer registered with a communicator (ncclCommRegister).");
+  bindResourceBase<RegisteredBuffer>(buffer);
+  buffer.def_property_readonly("handle", &RegisteredBuffer::handle)
+      .def_property_readonly("size", &RegisteredBuffer::size);
+
+  py::class_<Window, std::shared_ptr<Window>> window(
+      m,
+      "Window",
+      "Memory registered by every rank together (ncclCommWindowRegister).");
+  bindResourceBase<Window>(window);
+  window
+      .def_property_readonly(
+          "handle",
+          [](const Window& w) { return reinterpret_cast<uintptr_t>(w.get()); })
+      .def_property_readonly("size", &Window::size)
+      .def_property_readonly("flags", &Window::flags)
+      .def_property_readonly(
+          "user_ptr",
+          [](const Window& w) {
+            return reinterpret_cast<uintptr_t>(w.userPtr());
+          })
+      .def(
+          "lsa_pointer",
+          [](const Window& w, int lsaRank, size_t offset) {
+            w.get();
+            return lsaPointer(*w.communicator(), w, lsaRank, offset);
+          },
+          py::arg("lsa_rank"),
+          py::arg("offset") = 0)
+      .def(
+          "peer_pointer",
+          [](const Window& w, int peer, size_t offset) {
+            w.get();
+            return peerPointer(*w.communicator(), w, peer, offset);
+          },
+          py::arg("peer"),
+          py::arg("offset") = 0)
+      .def(
+          "multimem_pointer",
+          [](const Window& w, size_t offset) {
+            return multimemPointer(w, offset);
+          },
+          py::arg("offset") = 0)
+      .def("__enter__", [](std::shared_ptr<Window> w) { return w; })
+      .def("__exit__", [](Window& w, const py::args&) { w.close(); });
+
+  py::class_<CustomRedOp, std::shared_ptr<CustomRedOp>> redOp(
+      m,
+      "CustomRedOp",
+      "A PreMulSum reduction (output = scalar * sum(inputs)) of one "
+      "communicator.");
+  bindResourceBase<CustomRedOp>(redOp);
+  redOp
+      .def_property_readonly(
+          "op",
+          [](const CustomRedOp& op) { return static_cast<int>(op.get()); })
+      .def_property_readonly(
+          "reduce_op",
+          &asReduceOp,
+          "A torch.distributed.ReduceOp running this op, for all_reduce, "
+          "reduce and reduce_scatter on this group.");
+}
+
+} // namespace
+
+void bindCommunicator(py::module_& m) {
+  bindResources(m);
+  py::class_<Communicator, std::shared_ptr<Communicator>>(
+      m,
+      "Communicator",
+      "The NCCL communicator of an nccl_core group and the resources "
+      "registered with it.")
+      .def_property_readonly("rank", &Communicator::rank)
+      .def_property_readonly("size", &Communicator::size)
+      .def_property_readonly("device", &Communicator::device)
+      .def_property_readonly(
+          "lsa_size", [](Communicator& c) { return lsaTeam(c).size; })
+      .def_property_readonly(
+          "lsa_rank", [](Communicator& c) { return lsaTeam(c).rank; })
+      .def_property_readonly("is_aborted", &Communicator::isAborted)
+      .def(
+          "register_buffer",
+          [](Communicator& c, const at::Tensor& tensor) {
+            checkRegistrable(c, tensor, "register_buffer");
+            return c.registerBuffer(tensor.data_ptr(), tensor.nbytes());
+          },
+          py::arg("tensor"))
+      .def(
+          "register_window",
+          &registerWindow,
+          py::arg("tensor"),
+          py::arg("flags") = 0)
+      .def(
+          "find_window",
+          [](Communicator& c, const at::Tensor& tensor) {
+            return c.findWindow(tensor.data_ptr(), tensor.nbytes());
+          },
+          py::arg("tensor"))
+      .def(
+          "create_pre_mul_sum",
+          &createPreMulSum,
+          py::arg("scalar"),
+          py::arg("dtype"))
+      .def("_resource_count", &Communicator::resourceCount);
+}
+
+} // namespace nccl_core

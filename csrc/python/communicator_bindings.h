@@ -1,0 +1,9 @@
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace nccl_core {
+
+void bindCommunicator(pybind11::module_& m);
+
+} // namespace nccl_core

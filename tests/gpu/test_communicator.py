@@ -1,0 +1,239 @@
+"""torch_nccl_core.communicator(): buffers, windows, custom reduce ops and their lifecycle."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import torch_nccl_core
+from torch_nccl_core import WindowFlag
+
+from .helpers import (
+    SWEEP_NUMEL,
+    all_ranks,
+    assert_equal,
+    assert_raised,
+    concat,
+    poisoned,
+    probe_group,
+    raised_by,
+    rank_tensor,
+    reference_reduce,
+)
+
+CLOSED = "was closed"
+
+
+def _cudart() -> ctypes.CDLL:
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    raise AssertionError("libcudart not found")
+
+
+def read_device(address: int, nbytes: int) -> bytes:
+    """The bytes at a raw device address (a peer's mapped window), copied to the host."""
+    host = ctypes.create_string_buffer(nbytes)
+    status = _cudart().cudaMemcpy(host, ctypes.c_void_p(address), ctypes.c_size_t(nbytes), 4)
+    assert status == 0, f"cudaMemcpy failed with {status}"
+    return host.raw
+
+
+def test_communicator_describes_its_group(rank, world_size, device):
+    comm = torch_nccl_core.communicator()
+    assert torch_nccl_core.communicator(dist.group.WORLD) is not None
+    assert (comm.rank, comm.size, comm.device) == (rank, world_size, device.index)
+    assert (comm.lsa_size, comm.lsa_rank) == (world_size, rank)  # NVLink: one LSA team
+    assert not comm.is_aborted
+
+
+def test_communicator_refuses_other_backends(nccl_group):
+    with pytest.raises(ValueError, match="not nccl_core"):
+        torch_nccl_core.communicator(nccl_group)
+
+
+def test_register_buffer_lifecycle(rank):
+    comm = torch_nccl_core.communicator()
+    before = comm._resource_count()
+    t = torch.ones(1 << 20, device="cuda")
+    buf = comm.register_buffer(t)
+    handle, size, valid, count = buf.handle, buf.size, buf.is_valid, comm._resource_count()
+    buf.close()
+    buf.close()  # idempotent
+    closed = raised_by(lambda: buf.handle)
+    assert handle != 0 and size == t.nbytes and valid
+    assert count == before + 1 and comm._resource_count() == before
+    assert not buf.is_valid
+    assert_raised(closed, RuntimeError, CLOSED)
+
+
+def test_register_buffer_refuses_bad_tensors():
+    comm = torch_nccl_core.communicator()
+    with pytest.raises(ValueError, match="CUDA tensor"):
+        comm.register_buffer(torch.ones(4))
+    with pytest.raises(ValueError, match="contiguous"):
+        comm.register_buffer(torch.ones(4, 4, device="cuda").t())
+    with pytest.raises(ValueError, match="empty"):
+        comm.register_buffer(torch.ones(0, device="cuda"))
+
+
+def test_window_pointers_reach_every_peer(rank, world_size):
+    comm = torch_nccl_core.communicator()
+    t = torch_nccl_core.empty(SWEEP_NUMEL, dtype=torch.int32)
+    t.copy_(rank_tensor(SWEEP_NUMEL, torch.int32, rank))
+    window = comm.register_window(t, WindowFlag.DEFAULT)
+    torch.cuda.synchronize()
+    dist.barrier()  # every rank's data is in place
+    peers = {}
+    for peer in range(world_size):
+        address = window.peer_pointer(peer, offset=8)
+        peers[peer] = (address, read_device(address, t.nbytes - 8))
+    lsa = [window.lsa_pointer(r) for r in range(comm.lsa_size)]
+    bad_peer = raised_by(lambda: window.peer_pointer(world_size))
+    bad_lsa = raised_by(lambda: window.lsa_pointer(comm.lsa_size))
+    dist.barrier()  # no rank closes before the others have read
+    with window:
+        pass  # the context manager closes it
+    after_close = raised_by(lambda: window.peer_pointer(0))
+    assert not window.is_valid
+    for peer, (address, data) in peers.items():
+        expected = rank_tensor(SWEEP_NUMEL, torch.int32, peer).cpu().numpy().tobytes()[8:]
+        assert data == expected, f"peer {peer}'s window holds other data"
+        assert address == lsa[peer] + 8
+    assert_raised(bad_peer, ValueError, "out of range")
+    assert_raised(bad_lsa, ValueError, "out of range")
+    assert_raised(after_close, RuntimeError, CLOSED)
+
+
+def test_window_properties(rank):
+    comm = torch_nccl_core.communicator()
+    t = torch_nccl_core.empty(4096, dtype=torch.float32)
+    window = comm.register_window(t, WindowFlag.COLL_SYMMETRIC)
+    found = comm.find_window(t[16:32])
+    props = (window.size, window.user_ptr, window.flags, window.handle != 0)
+    found_is_window = found is not None and found.handle == window.handle
+    window.close()
+    assert props == (t.nbytes, t.data_ptr(), int(WindowFlag.COLL_SYMMETRIC), True)
+    assert found_is_window
+    assert comm.find_window(t) is None
+    assert_raised(raised_by(lambda: window.user_ptr), RuntimeError, CLOSED)
+
+
+def test_register_window_refuses_bad_input():
+    comm = torch_nccl_core.communicator()
+    nccl_memory = torch_nccl_core.empty(4096)
+    with pytest.raises(ValueError, match="NCCL memory"):
+        comm.register_window(torch.ones(4096, device="cuda"))
+    with pytest.raises(ValueError, match="aligned"):
+        comm.register_window(nccl_memory[1:])
+    with pytest.raises(ValueError, match="unknown flags"):
+        comm.register_window(nccl_memory, 8)
+    if not torch_nccl_core.features()["window_strict_ordering"]:
+        with pytest.raises(NotImplementedError, match=r"2\.29"):
+            comm.register_window(nccl_memory, WindowFlag.STRICT_ORDERING)
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "broadcast"])
+def test_collectives_on_window_memory(rank, world_size, op):
+    numel = 1 << 18
+    expected_all = all_ranks(numel, torch.float32)
+    source = torch_nccl_core.empty(numel, window=True)
+    source.copy_(rank_tensor(numel, torch.float32, rank))
+    if op == "all_reduce":
+        dist.all_reduce(source)
+        result, expected = source, reference_reduce(expected_all, "sum")
+    elif op == "all_gather":
+        expected = concat(expected_all)
+        result = torch_nccl_core.empty(world_size * numel, window=True)
+        result.copy_(poisoned(expected))
+        dist.all_gather_into_tensor(result, source)
+    elif op == "reduce_scatter":
+        big = torch_nccl_core.empty(world_size * numel, window=True)
+        big.copy_(rank_tensor(numel * world_size, torch.float32, rank))
+        result = torch_nccl_core.empty(numel, window=True)
+        dist.reduce_scatter_tensor(result, big)
+        full = reference_reduce(all_ranks(numel * world_size, torch.float32), "sum")
+        expected = full.view(world_size, numel)[rank]
+    else:
+        dist.broadcast(source, src=1)
+        result, expected = source, expected_all[1]
+    window = torch_nccl_core.communicator().find_window(result)
+    assert window is not None and window.flags == int(WindowFlag.COLL_SYMMETRIC)
+    assert_equal(result, expected)
+
+
+def test_window_tensor_frees_its_window(rank):
+    comm = torch_nccl_core.communicator()
+    before = comm._resource_count()
+    t = torch_nccl_core.empty(SWEEP_NUMEL, window=True)
+    window = comm.find_window(t)
+    during = comm._resource_count()
+    del t
+    gc.collect()
+    assert during == before + 1
+    assert comm._resource_count() == before
+    assert not window.is_valid
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_pre_mul_sum(rank, dtype):
+    comm = torch_nccl_core.communicator()
+    op = comm.create_pre_mul_sum(0.25, dtype)
+    t = rank_tensor(SWEEP_NUMEL, dtype, rank)
+    dist.all_reduce(t, op=op.reduce_op)
+    out = torch.empty(SWEEP_NUMEL // 2 + 1, dtype=dtype, device="cuda")
+    wide = rank_tensor(2 * out.numel(), dtype, rank)
+    dist.reduce_scatter_tensor(out, wide, op=op.reduce_op)
+    wrong_dtype = raised_by(
+        lambda: dist.all_reduce(torch.ones(4, dtype=torch.float16, device="cuda"), op=op.reduce_op)
+    )
+    handle = op.op
+    op.close()
+    op.close()
+    closed = raised_by(lambda: op.reduce_op)
+    probe = probe_group()
+    expected = reference_reduce(all_ranks(SWEEP_NUMEL, dtype), "sum") * 0.25
+    expected_rs = reference_reduce(all_ranks(2 * out.numel(), dtype), "sum") * 0.25
+    assert isinstance(handle, int) and not op.is_valid
+    assert_equal(t, expected.to(dtype))
+    assert_equal(out, expected_rs.to(dtype).view(2, -1)[rank])
+    assert_raised(wrong_dtype, TypeError, "dtype")
+    assert_raised(closed, RuntimeError, CLOSED)
+    assert_equal(*probe)
+
+
+def test_pre_mul_sum_refuses_other_groups_and_dtypes(rank):
+    group = dist.new_group(backend="nccl_core")
+    op = torch_nccl_core.communicator(group).create_pre_mul_sum(2.0, torch.float32)
+    t = rank_tensor(16, torch.float32, rank)
+    foreign = raised_by(lambda: dist.all_reduce(t, op=op.reduce_op))
+    dist.destroy_process_group(group)
+    assert_raised(foreign, ValueError, "another group")
+    assert not op.is_valid  # destroying the group released it
+    with pytest.raises(TypeError, match="floating-point"):
+        torch_nccl_core.communicator().create_pre_mul_sum(2.0, torch.int32)
+
+
+def test_ten_thousand_register_close_cycles_leak_nothing(rank):
+    comm = torch_nccl_core.communicator()
+    t = torch_nccl_core.empty(1 << 20)
+    for _ in range(50):  # warm-up: NCCL's own first-use allocations
+        comm.register_buffer(t).close()
+        comm.register_window(t).close()
+    torch.cuda.synchronize()
+    free_before, _ = torch.cuda.mem_get_info()
+    count_before = comm._resource_count()
+    for _ in range(10_000):
+        comm.register_buffer(t).close()
+    for _ in range(10_000):
+        comm.register_window(t).close()  # collective: both ranks loop together
+    torch.cuda.synchronize()
+    free_after, _ = torch.cuda.mem_get_info()
+    assert comm._resource_count() == count_before
+    assert free_before - free_after < (32 << 20)

@@ -1,0 +1,139 @@
+"""Automatic registration of NCCL memory, and the backend's communication-buffer allocator."""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import torch_nccl_core
+
+from .helpers import (
+    SWEEP_NUMEL,
+    all_ranks,
+    assert_equal,
+    concat,
+    poisoned,
+    rank_tensor,
+    reference_reduce,
+)
+
+ALLOCATORS = ["empty", "mem_pool", "allocate_tensor"]
+
+
+def _nccl_tensor(kind: str, numel: int, pool, group=None) -> torch.Tensor:
+    if kind == "empty":
+        return torch_nccl_core.empty(numel, dtype=torch.float32)
+    if kind == "mem_pool":
+        with torch.cuda.use_mem_pool(pool):
+            return torch.empty(numel, dtype=torch.float32, device="cuda")
+    backend = (group or dist.group.WORLD)._get_backend(torch.device("cuda"))
+    return backend.allocate_tensor(numel, dtype=torch.float32, device=torch.device("cuda"))
+
+
+@pytest.fixture
+def fresh_group():
+    """A group of its own, so resource counts start from zero."""
+    group = dist.new_group(backend="nccl_core")
+    yield group
+    dist.destroy_process_group(group)
+
+
+@pytest.mark.parametrize("kind", ALLOCATORS)
+def test_ops_on_nccl_memory_register_once_and_are_right(rank, world_size, kind, fresh_group):
+    pool = torch_nccl_core.mem_pool()
+    comm = torch_nccl_core.communicator(fresh_group)
+    numel = 1 << 16
+    count_before = comm._resource_count()
+    reduced = _nccl_tensor(kind, numel, pool, fresh_group)
+    reduced.copy_(rank_tensor(numel, torch.float32, rank))
+    dist.all_reduce(reduced, group=fresh_group)
+    after_first = comm._resource_count()
+    expected_gather = concat(all_ranks(numel, torch.float32))
+    gathered = _nccl_tensor(kind, world_size * numel, pool, fresh_group)
+    gathered.copy_(poisoned(expected_gather))
+    source = _nccl_tensor(kind, numel, pool, fresh_group)
+    source.copy_(rank_tensor(numel, torch.float32, rank))
+    dist.all_gather_into_tensor(gathered, source, group=fresh_group)
+    scattered = _nccl_tensor(kind, numel, pool, fresh_group)
+    dist.reduce_scatter_tensor(scattered, gathered, group=fresh_group)
+    shuffled = _nccl_tensor(kind, numel, pool, fresh_group)
+    dist.all_to_all_single(shuffled, source, group=fresh_group)
+    for _ in range(3):  # repeated use of registered memory adds no registration
+        dist.all_reduce(reduced, group=fresh_group)
+    count_after = comm._resource_count()
+    expected_reduced = reference_reduce(all_ranks(numel, torch.float32), "sum") * 8
+    per_rank = expected_gather.view(world_size, numel)
+    assert count_before == 0
+    assert after_first == 1  # the allocation holding `reduced`
+    if kind == "empty":
+        assert count_after == 5  # one allocation per tensor
+    else:
+        assert 1 <= count_after <= 2  # tensors carved from a pool share a segment's registration
+    assert_equal(reduced, expected_reduced)
+    assert_equal(gathered, expected_gather)
+    assert_equal(scattered, per_rank[rank] * world_size)
+    halves = [t.view(world_size, -1)[rank] for t in all_ranks(numel, torch.float32)]
+    assert_equal(shuffled, torch.cat(halves))
+    del reduced, gathered, source, scattered, shuffled, pool
+    gc.collect()
+
+
+def test_freeing_nccl_memory_drops_its_registration(rank, fresh_group):
+    comm = torch_nccl_core.communicator(fresh_group)
+    results = []
+    counts = []
+    for _ in range(20):  # freed addresses come back: each must be registered afresh
+        t = torch_nccl_core.empty(SWEEP_NUMEL)
+        t.copy_(rank_tensor(SWEEP_NUMEL, torch.float32, rank))
+        dist.all_reduce(t, group=fresh_group)
+        counts.append(comm._resource_count())
+        results.append(t.clone())
+        del t
+        gc.collect()
+        counts.append(comm._resource_count())
+    expected = reference_reduce(all_ranks(SWEEP_NUMEL, torch.float32), "sum")
+    assert counts == [1, 0] * 20
+    for result in results:
+        assert_equal(result, expected)
+
+
+def test_ordinary_memory_is_not_registered(rank, fresh_group):
+    comm = torch_nccl_core.communicator(fresh_group)
+    t = rank_tensor(SWEEP_NUMEL, torch.float32, rank)
+    dist.all_reduce(t, group=fresh_group)
+    assert comm._resource_count() == 0
+    assert_equal(t, reference_reduce(all_ranks(SWEEP_NUMEL, torch.float32), "sum"))
+
+
+def test_auto_register_can_be_turned_off(rank, monkeypatch):
+    monkeypatch.setenv("TORCH_NCCL_CORE_AUTO_REGISTER", "0")
+    group = dist.new_group(backend="nccl_core")
+    monkeypatch.delenv("TORCH_NCCL_CORE_AUTO_REGISTER")
+    comm = torch_nccl_core.communicator(group)
+    t = torch_nccl_core.empty(SWEEP_NUMEL)
+    t.copy_(rank_tensor(SWEEP_NUMEL, torch.float32, rank))
+    dist.all_reduce(t, group=group)
+    count = comm._resource_count()
+    dist.destroy_process_group(group)
+    assert "TORCH_NCCL_CORE_AUTO_REGISTER" not in os.environ
+    assert count == 0
+    assert_equal(t, reference_reduce(all_ranks(SWEEP_NUMEL, torch.float32), "sum"))
+
+
+def test_allocate_tensor_serves_from_a_cached_pool(rank):
+    backend = dist.group.WORLD._get_backend(torch.device("cuda"))
+    assert backend.supports_tensor_alloc(torch.cuda.current_device())
+    first = backend.allocate_tensor(1 << 20, dtype=torch.bfloat16, device=torch.device("cuda"))
+    address = first.data_ptr()
+    del first
+    again = backend.allocate_tensor(1 << 20, dtype=torch.bfloat16, device=torch.device("cuda"))
+    resolved = torch_nccl_core.resolve_tensor(again)
+    assert again.dtype == torch.bfloat16 and again.numel() == 1 << 20
+    assert again.data_ptr() == address  # the pool cached the block: no new ncclMemAlloc
+    assert resolved[0] == address
+    with pytest.raises(ValueError, match="size must be >= 0"):
+        backend.allocate_tensor(-1, dtype=torch.float32, device=torch.device("cuda"))

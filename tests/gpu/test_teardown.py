@@ -1,0 +1,109 @@
+"""Teardown in every order: resources, pools and tensors outliving their group, and exit."""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+
+import torch
+import torch.distributed as dist
+
+import torch_nccl_core
+
+from .helpers import SWEEP_NUMEL, all_ranks, assert_equal, rank_tensor, reference_reduce
+
+CLOSED = "was closed"
+
+
+def test_destroying_the_group_closes_its_resources(rank):
+    group = dist.new_group(backend="nccl_core")
+    comm = torch_nccl_core.communicator(group)
+    windowed = torch_nccl_core.empty(SWEEP_NUMEL, group=group, window=True)
+    window = comm.find_window(windowed)
+    buffer = comm.register_buffer(torch.ones(SWEEP_NUMEL, device="cuda"))
+    op = comm.create_pre_mul_sum(3.0, torch.float32)
+    dist.destroy_process_group(group)
+    valid = (window.is_valid, buffer.is_valid, op.is_valid)
+    del windowed  # freeing memory whose window died with the group
+    gc.collect()
+    window.close()  # closing after the group is gone is a no-op
+    assert valid == (False, False, False)
+    assert comm.is_aborted
+    for call in (lambda: window.handle, lambda: buffer.handle, lambda: op.op):
+        try:
+            call()
+        except RuntimeError as error:
+            assert CLOSED in str(error)
+        else:
+            raise AssertionError("a closed resource answered")
+
+
+def test_pool_outlives_its_group(rank):
+    """The case that crashes the built-in backend: MemPool freed after its group is gone."""
+    group = dist.new_group(backend="nccl_core")
+    pool = torch_nccl_core.mem_pool()
+    with torch.cuda.use_mem_pool(pool):
+        t = rank_tensor(1 << 20, torch.float32, rank)
+    dist.all_reduce(t, group=group)  # registers the pool's segment with the group
+    result = t.clone()
+    dist.destroy_process_group(group)
+    del t, pool
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.synchronize()
+    assert_equal(result, reference_reduce(all_ranks(1 << 20, torch.float32), "sum"))
+
+
+def test_group_destroyed_with_ops_in_flight(rank):
+    group = dist.new_group(backend="nccl_core")
+    t = torch_nccl_core.empty(64 << 20, dtype=torch.uint8)
+    t.fill_(rank)
+    works = [dist.all_reduce(t, group=group, async_op=True) for _ in range(4)]
+    dist.destroy_process_group(group)  # waits for the enqueued work, then frees the comm
+    del works
+    torch.cuda.synchronize()
+    assert t.view(-1)[0].item() == (0 + 1) * 2**3  # 1 after the first sum, doubled 3 times
+
+
+EXIT_SCRIPT = textwrap.dedent(
+    """
+    import sys, torch, torch.distributed as dist, torch_nccl_core
+    store = dist.FileStore(sys.argv[1], 1)
+    dist.init_process_group("nccl_core", store=store, rank=0, world_size=1,
+                            device_id=torch.device("cuda", 0))
+    pool = torch_nccl_core.mem_pool()
+    with torch.cuda.use_mem_pool(pool):
+        pooled = torch.ones(1 << 20, device="cuda")
+    dist.all_reduce(pooled)
+    windowed = torch_nccl_core.empty(1 << 20, window=True)
+    dist.all_reduce(windowed)
+    comm = torch_nccl_core.communicator()
+    kept = comm.register_buffer(torch_nccl_core.empty(4096))
+    if sys.argv[2] == "destroy":
+        dist.destroy_process_group()
+    print("exiting", flush=True)
+    """
+)
+
+
+def test_interpreter_exit_with_live_nccl_tensors_and_windows(rank, tmp_path):
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(rank))
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    outcomes = {}
+    for mode in ("keep", "destroy"):
+        done = subprocess.run(
+            [sys.executable, "-c", EXIT_SCRIPT, str(tmp_path / f"store-{mode}"), mode],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+        outcomes[mode] = done
+    for mode, done in outcomes.items():
+        assert done.returncode == 0, f"{mode}: rc {done.returncode}\n{done.stderr[-3000:]}"
+        assert "exiting" in done.stdout
+        assert "terminate" not in done.stderr and "Segmentation" not in done.stderr

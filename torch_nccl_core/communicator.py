@@ -1,0 +1,59 @@
+"""The NCCL communicator of an ``nccl_core`` group and the resources it owns."""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+
+__all__ = [
+    "Communicator",
+    "CustomRedOp",
+    "RegisteredBuffer",
+    "Window",
+    "WindowFlag",
+    "communicator",
+]
+
+Communicator = _C.Communicator
+RegisteredBuffer = _C.RegisteredBuffer
+Window = _C.Window
+CustomRedOp = _C.CustomRedOp
+
+
+class WindowFlag(enum.IntFlag):
+    """Flags of ``Communicator.register_window`` (NCCL's ``NCCL_WIN_*``)."""
+
+    DEFAULT = 0
+    #: Collectives on the window may use NCCL's symmetric kernels.
+    COLL_SYMMETRIC = 1
+    #: Strict ordering of operations on the window (NCCL >= 2.29).
+    STRICT_ORDERING = 2
+
+
+def communicator(group: dist.ProcessGroup | None = None) -> Communicator:
+    """The NCCL communicator behind ``group``'s ``nccl_core`` backend (default: the world group).
+
+    It is created on first use (collectively, if the group was not used yet) on the group's
+    device, or the current CUDA device if the group has none.
+
+    Raises:
+        RuntimeError: the default process group is not initialized.
+        ValueError: the group's CUDA backend is not ``nccl_core``.
+        torch.distributed.DistBackendError: the group has failed or was shut down.
+    """
+    if group is None:
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "torch.distributed is not initialized; call init_process_group first"
+            )
+        group = dist.group.WORLD
+    backend = group._get_backend(torch.device("cuda"))
+    if not isinstance(backend, _C.NcclCoreBackend):
+        raise ValueError(
+            f"group {group.group_name!r} runs {type(backend).__name__} on CUDA, not nccl_core"
+        )
+    return backend.communicator()
