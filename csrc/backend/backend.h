@@ -29,6 +29,15 @@ struct GroupOptions : c10d::Backend::Options {
   }
 };
 
+// How launch() may run an op beyond the defaults.
+struct LaunchOptions {
+  bool blocksHost = false; // wait() blocks the host (barrier)
+  // A collective NCCL may give symmetric kernels: routing may move it to the
+  // window-free twin (backend/routing.h). Not for ops bound to one
+  // communicator (custom reduce ops).
+  bool routable = false;
+};
+
 class NcclCoreBackend : public c10d::Backend {
  public:
   NcclCoreBackend(
@@ -168,7 +177,7 @@ class NcclCoreBackend : public c10d::Backend {
       std::vector<at::Tensor> outputs,
       std::vector<at::Tensor> inputs,
       Enqueue&& enqueue,
-      bool blocksHost = false);
+      LaunchOptions launchOptions = {});
 
   // Checks that `tensor` is a CUDA tensor fit for NCCL, creating the
   // communicator on its device on first use; returns that device.

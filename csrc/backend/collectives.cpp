@@ -93,7 +93,8 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce(
       [&](ncclComm_t comm, cudaStream_t stream) {
         return ncclAllReduce(
             buf.ptr, buf.ptr, buf.count, buf.dtype, op.get(), comm, stream);
-      });
+      },
+      LaunchOptions{false, op.isBuiltin()});
 }
 
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce_coalesced(
@@ -233,7 +234,8 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::_allgather_base(
       {input},
       [&](ncclComm_t comm, cudaStream_t stream) {
         return ncclAllGather(in.ptr, out, in.count, in.dtype, comm, stream);
-      });
+      },
+      LaunchOptions{false, /*routable=*/true});
 }
 
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather_coalesced(
@@ -391,7 +393,8 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::_reduce_scatter_base(
       [&](ncclComm_t comm, cudaStream_t stream) {
         return ncclReduceScatter(
             in, out.ptr, out.count, out.dtype, op.get(), comm, stream);
-      });
+      },
+      LaunchOptions{false, op.isBuiltin()});
 }
 
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter_tensor_coalesced(
@@ -468,7 +471,7 @@ NcclCoreBackend::barrier(const c10d::BarrierOptions& opts) {
         return ncclAllReduce(
             token, token, 1, ncclFloat32, ncclSum, nccl, stream);
       },
-      /*blocksHost=*/true);
+      LaunchOptions{/*blocksHost=*/true});
 }
 
 } // namespace nccl_core

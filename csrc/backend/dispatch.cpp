@@ -229,6 +229,7 @@ ReduceOp::ReduceOp(
       if (!isFloating(type)) {
         refuse(" (PREMUL_SUM needs a floating-point or complex dtype)");
       }
+      builtin_ = false;
       if (const auto* custom =
               dynamic_cast<CustomRedOpSupplement*>(op.supplement_.get())) {
         useCustom(*custom->op, tensor, comm, opName);

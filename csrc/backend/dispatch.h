@@ -75,6 +75,10 @@ class ReduceOp {
   ncclRedOp_t get() const {
     return op_;
   }
+  // An NCCL built-in op (valid on any communicator).
+  bool isBuiltin() const {
+    return builtin_;
+  }
   // The device-resident factor of a PREMUL_SUM with a tensor factor; the
   // operation must keep it alive until it has run.
   const at::Tensor& factor() const {
@@ -90,6 +94,7 @@ class ReduceOp {
 
   ncclRedOp_t op_;
   Communicator* comm_ = nullptr; // set when op_ is a custom op to destroy
+  bool builtin_ = true;
   at::Tensor factor_;
 };
 

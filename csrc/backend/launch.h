@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "backend/backend.h"
+#include "backend/routing.h"
 #include "nccl/errors.h"
 
 namespace nccl_core {
@@ -48,8 +49,12 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
     std::vector<at::Tensor> outputs,
     std::vector<at::Tensor> inputs,
     Enqueue&& enqueue,
-    bool blocksHost) {
-  Communicator& comm = communicator(device);
+    LaunchOptions launchOptions) {
+  const bool blocksHost = launchOptions.blocksHost;
+  Communicator& comm =
+      launchOptions.routable && !coalescing_
+          ? routeCollective(communicator(device), type, outputs, inputs)
+          : communicator(device);
   const OpInfo info{type, name, ++seq_};
   if (timeout == c10d::kUnsetTimeout) {
     timeout = timeout_;

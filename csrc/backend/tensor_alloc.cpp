@@ -2,6 +2,7 @@
 // cached by a torch MemPool, so repeated requests cost no ncclMemAlloc and
 // the ops that use them run on registered memory.
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
@@ -47,8 +48,10 @@ std::shared_ptr<c10::Allocator> NcclCoreBackend::getMemAllocator() {
   return poolAllocator();
 }
 
-bool NcclCoreBackend::supportsTensorAlloc(c10::DeviceIndex deviceIdx) {
-  return deviceIdx >= 0;
+bool NcclCoreBackend::supportsTensorAlloc(c10::DeviceIndex /*deviceIdx*/) {
+  // Any CUDA device (-1: the current one): ncclMemAlloc is in every NCCL
+  // this package runs on.
+  return true;
 }
 
 at::Tensor

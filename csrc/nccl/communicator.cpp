@@ -143,6 +143,9 @@ void Communicator::abort() noexcept {
   }
   resources_.clear();
   byAllocation_.clear();
+  if (withoutWindows_) {
+    withoutWindows_->abort();
+  }
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   NCCL_CORE_WARN(ncclCommAbort(comm_));
 }
@@ -183,6 +186,15 @@ Communicator::registerWindow(void* ptr, size_t bytes, int flags) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   // Collective: waits for the peers, so without the lock (abort must stay
   // possible meanwhile).
+  if ((flags & NCCL_WIN_COLL_SYMMETRIC) != 0 && !withoutWindows_) {
+    // Collective like the registration itself, so every rank makes it here.
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = nonblocking_ ? 0 : 1;
+    config.splitShare = 1; // shares the parent's buffers and channels
+    auto twin = split(0, rank_, config);
+    std::lock_guard<std::mutex> lock(mutex_);
+    withoutWindows_ = std::move(twin);
+  }
   ncclWindow_t window = nullptr;
   check(
       ncclCommWindowRegister(get(), ptr, bytes, &window, flags),
@@ -244,6 +256,25 @@ Communicator::findWindow(const void* ptr, size_t bytes) {
 size_t Communicator::resourceCount() {
   std::lock_guard<std::mutex> lock(mutex_);
   return resources_.size();
+}
+
+std::shared_ptr<Communicator> Communicator::withoutWindows() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return withoutWindows_;
+}
+
+bool Communicator::inSymmetricWindow(const void* ptr, size_t bytes) {
+  const auto allocation = findAllocation(ptr, bytes);
+  if (!allocation) {
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto entry = byAllocation_.find(allocation->id);
+  if (entry == byAllocation_.end()) {
+    return false;
+  }
+  const auto* window = dynamic_cast<const Window*>(entry->second.get());
+  return window != nullptr && (window->flags() & NCCL_WIN_COLL_SYMMETRIC) != 0;
 }
 
 void Communicator::registerAutomatically(const void* ptr, size_t bytes) {

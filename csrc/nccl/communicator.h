@@ -75,6 +75,15 @@ class Communicator final : public AllocationObserver,
   std::shared_ptr<Window> findWindow(const void* ptr, size_t bytes);
   size_t resourceCount();
 
+  // Whether [ptr, ptr + bytes) lies in a COLL_SYMMETRIC window of this
+  // communicator (collectives on it may then use NCCL's symmetric kernels).
+  bool inSymmetricWindow(const void* ptr, size_t bytes);
+
+  // A second communicator over the same ranks, made (collectively) with the
+  // first symmetric window. It holds no windows, so ops that must not take
+  // NCCL's symmetric kernels run on it, on buffer-registered memory.
+  std::shared_ptr<Communicator> withoutWindows();
+
   // Registers the NCCL allocation holding [ptr, ptr + bytes) with this
   // communicator on first use, so NCCL works on it in place. Memory that is
   // not NCCL memory is left alone. Local, cheap when already registered.
@@ -119,6 +128,7 @@ class Communicator final : public AllocationObserver,
   // Registrations made by registerAutomatically (and windows of collective
   // allocations), by allocation id.
   std::unordered_map<uint64_t, std::shared_ptr<CommResource>> byAllocation_;
+  std::shared_ptr<Communicator> withoutWindows_;
 };
 
 } // namespace nccl_core

@@ -92,33 +92,35 @@ createPreMulSum(Communicator& comm, double scalar, at::ScalarType dtype) {
 
 c10d::ReduceOp asReduceOp(const std::shared_ptr<CustomRedOp>& op) {
   op->get(); // raises if closed
-  return c10d::ReduceOp(
-      c10d::ReduceOp::PREMUL_SUM,
-      c10::make_intrusive<CustomRedOpSupplement>(op));
-}
-
-template <typename Resource, typename Class>
-void bindResourceBase(Class& cls) {
-  cls.def("close", &Resource::close, "Releases the resource; idempotent.")
-      .def_property_readonly(
-          "is_valid", &Resource::isValid, "False once closed.");
+  // Field by field: ReduceOp's (op, supplement) constructor drops the
+  // supplement.
+  c10d::ReduceOp reduceOp;
+  reduceOp.op_ = c10d::ReduceOp::PREMUL_SUM;
+  reduceOp.supplement_ = c10::make_intrusive<CustomRedOpSupplement>(op);
+  return reduceOp;
 }
 
 void bindResources(py::module_& m) {
-  py::class_<RegisteredBuffer, std::shared_ptr<RegisteredBuffer>> buffer(
+  py::class_<CommResource, std::shared_ptr<CommResource>>(
+      m,
+      "CommResource",
+      "Base of the resources a communicator owns: released by close(), by "
+      "freeing the memory they cover, or with their communicator.")
+      .def("close", &CommResource::close, "Releases the resource; idempotent.")
+      .def_property_readonly(
+          "is_valid", &CommResource::isValid, "False once closed.");
+
+  py::class_<RegisteredBuffer, CommResource, std::shared_ptr<RegisteredBuffer>>(
       m,
       "RegisteredBuffer",
-      "A buffer registered with a communicator (ncclCommRegister).");
-  bindResourceBase<RegisteredBuffer>(buffer);
-  buffer.def_property_readonly("handle", &RegisteredBuffer::handle)
+      "A buffer registered with a communicator (ncclCommRegister).")
+      .def_property_readonly("handle", &RegisteredBuffer::handle)
       .def_property_readonly("size", &RegisteredBuffer::size);
 
-  py::class_<Window, std::shared_ptr<Window>> window(
+  py::class_<Window, CommResource, std::shared_ptr<Window>>(
       m,
       "Window",
-      "Memory registered by every rank together (ncclCommWindowRegister).");
-  bindResourceBase<Window>(window);
-  window
+      "Memory registered by every rank together (ncclCommWindowRegister).")
       .def_property_readonly(
           "handle",
           [](const Window& w) { return reinterpret_cast<uintptr_t>(w.get()); })
@@ -154,13 +156,11 @@ void bindResources(py::module_& m) {
       .def("__enter__", [](std::shared_ptr<Window> w) { return w; })
       .def("__exit__", [](Window& w, const py::args&) { w.close(); });
 
-  py::class_<CustomRedOp, std::shared_ptr<CustomRedOp>> redOp(
+  py::class_<CustomRedOp, CommResource, std::shared_ptr<CustomRedOp>>(
       m,
       "CustomRedOp",
       "A PreMulSum reduction (output = scalar * sum(inputs)) of one "
-      "communicator.");
-  bindResourceBase<CustomRedOp>(redOp);
-  redOp
+      "communicator.")
       .def_property_readonly(
           "op",
           [](const CustomRedOp& op) { return static_cast<int>(op.get()); })
@@ -211,7 +211,12 @@ void bindCommunicator(py::module_& m) {
           &createPreMulSum,
           py::arg("scalar"),
           py::arg("dtype"))
-      .def("_resource_count", &Communicator::resourceCount);
+      .def("_resource_count", &Communicator::resourceCount)
+      .def_property_readonly(
+          "_without_windows",
+          &Communicator::withoutWindows,
+          "The window-free twin that runs ops symmetric kernels would slow "
+          "down (None before the first symmetric window).");
 }
 
 } // namespace nccl_core

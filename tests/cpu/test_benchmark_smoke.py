@@ -14,7 +14,7 @@ def test_benchmark_writes_its_outputs(tmp_path):
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
         str(ROOT / "benchmarks" / "collectives.py"),
-        "--backends", "gloo,gloo", "--max-bytes", "1K", "--ops", ",".join(ops),
+        "--backends", "gloo,gloo", "--max-bytes", "1K", "--repeats", "2", "--ops", ",".join(ops),
         "--out", str(tmp_path),
     ]  # fmt: skip
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}

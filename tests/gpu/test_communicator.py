@@ -170,6 +170,7 @@ def test_collectives_on_window_memory(rank, world_size, op):
 
 def test_window_tensor_frees_its_window(rank):
     comm = torch_nccl_core.communicator()
+    gc.collect()  # tensors of earlier tests that only a collection frees
     before = comm._resource_count()
     t = torch_nccl_core.empty(SWEEP_NUMEL, window=True)
     window = comm.find_window(t)
@@ -237,3 +238,39 @@ def test_ten_thousand_register_close_cycles_leak_nothing(rank):
     free_after, _ = torch.cuda.mem_get_info()
     assert comm._resource_count() == count_before
     assert free_before - free_after < (32 << 20)
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter"])
+def test_large_ops_on_windows_avoid_slow_symmetric_kernels(rank, world_size, op):
+    """Sizes where the ring beats NCCL's symmetric kernels run on the window-free twin."""
+    comm = torch_nccl_core.communicator()
+    small = torch_nccl_core.empty(1 << 10, window=True)
+    twin = comm._without_windows
+    numel = 64 << 18  # 64 MiB of float32
+    counts = [twin._resource_count()]
+    small.copy_(rank_tensor(small.numel(), torch.float32, rank))
+    dist.all_reduce(small)  # small: stays with symmetric kernels, on the main communicator
+    counts.append(twin._resource_count())
+    if op == "all_reduce":
+        result = torch_nccl_core.empty(numel, window=True)
+        result.copy_(rank_tensor(numel, torch.float32, rank))
+        dist.all_reduce(result)
+        expected = reference_reduce(all_ranks(numel, torch.float32), "sum")
+    elif op == "all_gather":
+        source = torch_nccl_core.empty(numel // world_size, window=True)
+        source.copy_(rank_tensor(source.numel(), torch.float32, rank))
+        result = torch_nccl_core.empty(numel, window=True)
+        dist.all_gather_into_tensor(result, source)
+        expected = concat(all_ranks(numel // world_size, torch.float32))
+    else:
+        source = torch_nccl_core.empty(numel, window=True)
+        source.copy_(rank_tensor(numel, torch.float32, rank))
+        result = torch_nccl_core.empty(numel // world_size, window=True)
+        dist.reduce_scatter_tensor(result, source)
+        full = reference_reduce(all_ranks(numel, torch.float32), "sum")
+        expected = full.view(world_size, -1)[rank]
+    counts.append(twin._resource_count())
+    assert_equal(small, reference_reduce(all_ranks(small.numel(), torch.float32), "sum"))
+    assert_equal(result, expected)
+    assert counts[1] == counts[0]  # the small op did not touch the twin
+    assert counts[2] > counts[1]  # the large one registered its buffers there

@@ -126,7 +126,7 @@ def test_auto_register_can_be_turned_off(rank, monkeypatch):
 
 def test_allocate_tensor_serves_from_a_cached_pool(rank):
     backend = dist.group.WORLD._get_backend(torch.device("cuda"))
-    assert backend.supports_tensor_alloc(torch.cuda.current_device())
+    assert backend.supports_tensor_alloc(torch.device("cuda"))
     first = backend.allocate_tensor(1 << 20, dtype=torch.bfloat16, device=torch.device("cuda"))
     address = first.data_ptr()
     del first

@@ -1,0 +1,69 @@
+#include "backend/routing.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/env.h>
+
+#include <algorithm>
+
+namespace nccl_core {
+
+SymmetricKernels symmetricKernelsSetting() {
+  static const SymmetricKernels setting = [] {
+    const auto value = c10::utils::get_env("TORCH_NCCL_CORE_SYMMETRIC_KERNELS");
+    if (!value || *value == "auto") {
+      return SymmetricKernels::Auto;
+    }
+    if (*value == "always") {
+      return SymmetricKernels::Always;
+    }
+    TORCH_CHECK_VALUE(
+        *value == "never",
+        "TORCH_NCCL_CORE_SYMMETRIC_KERNELS must be auto, always or never, "
+        "got '",
+        *value,
+        "'");
+    return SymmetricKernels::Never;
+  }();
+  return setting;
+}
+
+bool symmetricKernelsWin(c10d::OpType type, size_t bytes) {
+  constexpr size_t kMiB = size_t{1} << 20;
+  switch (type) {
+    case c10d::OpType::ALLREDUCE:
+    case c10d::OpType::_REDUCE_SCATTER_BASE:
+      return bytes < 64 * kMiB;
+    case c10d::OpType::_ALLGATHER_BASE:
+      return false; // the registered ring is as fast or faster at every size
+    default:
+      return true; // NCCL has no symmetric kernel to avoid
+  }
+}
+
+Communicator& routeCollective(
+    Communicator& comm,
+    c10d::OpType type,
+    const std::vector<at::Tensor>& outputs,
+    const std::vector<at::Tensor>& inputs) {
+  const std::shared_ptr<Communicator> twin = comm.withoutWindows();
+  const SymmetricKernels setting = symmetricKernelsSetting();
+  if (twin == nullptr || setting == SymmetricKernels::Always) {
+    return comm;
+  }
+  size_t bytes = 0;
+  bool inWindow = false;
+  for (const auto* tensors : {&outputs, &inputs}) {
+    for (const at::Tensor& tensor : *tensors) {
+      bytes = std::max(bytes, static_cast<size_t>(tensor.nbytes()));
+      inWindow = inWindow ||
+                 comm.inSymmetricWindow(tensor.data_ptr(), tensor.nbytes());
+    }
+  }
+  if (!inWindow ||
+      (setting == SymmetricKernels::Auto && symmetricKernelsWin(type, bytes))) {
+    return comm;
+  }
+  return *twin;
+}
+
+} // namespace nccl_core

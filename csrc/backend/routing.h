@@ -1,0 +1,36 @@
+// Which communicator runs a collective whose buffers lie in a symmetric
+// window. NCCL then picks its symmetric kernels, which on 2 GPUs over NVLink
+// without multicast lose to its ring kernels for some ops and sizes; those
+// run on the group's window-free twin communicator instead, where the same
+// memory is buffer-registered (zero-copy), so a window never makes an op
+// slower than plain registration.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <vector>
+
+#include "nccl/communicator.h"
+
+namespace nccl_core {
+
+// TORCH_NCCL_CORE_SYMMETRIC_KERNELS: "auto" (default: by the measured table),
+// "always" (leave every op to NCCL's choice) or "never" (no symmetric
+// kernels on window memory).
+enum class SymmetricKernels { Auto, Always, Never };
+SymmetricKernels symmetricKernelsSetting();
+
+// Whether symmetric kernels beat the ring for `type` at `bytes` (docs/memory.md
+// has the measurements behind the table).
+bool symmetricKernelsWin(c10d::OpType type, size_t bytes);
+
+// `comm`, or its window-free twin when `tensors` lie in symmetric windows
+// and the table says the ring is faster.
+Communicator& routeCollective(
+    Communicator& comm,
+    c10d::OpType type,
+    const std::vector<at::Tensor>& outputs,
+    const std::vector<at::Tensor>& inputs);
+
+} // namespace nccl_core
