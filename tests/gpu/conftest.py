@@ -46,6 +46,7 @@ def _launched_on_two_gpus() -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"gpu: {SKIP_REASON}")
+    config.addinivalue_line("markers", "timeout(seconds): per-test limit (pytest-timeout)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -27,7 +27,9 @@ from .helpers import (
 )
 
 CLOSED = "was closed"
-MIN_WINDOW_CYCLES = 500
+MIN_WINDOW_CYCLES = 1_000
+WINDOW_CHUNK = 100
+WINDOW_BUDGET_S = 60
 
 
 def _cudart() -> ctypes.CDLL:
@@ -223,30 +225,40 @@ def test_pre_mul_sum_refuses_other_groups_and_dtypes(rank):
         torch_nccl_core.communicator().create_pre_mul_sum(2.0, torch.int32)
 
 
+@pytest.mark.timeout(240, method="thread")
 def test_ten_thousand_register_close_cycles_leak_nothing(rank):
     comm = torch_nccl_core.communicator()
     t = torch_nccl_core.empty(1 << 20)
     for _ in range(20):  # warm-up: NCCL's own first-use allocations
         comm.register_buffer(t).close()
-    start = time.perf_counter()
-    for _ in range(20):
         comm.register_window(t).close()
-    per_window = (time.perf_counter() - start) / 20
-    # Windows are collective (both ranks loop together) and map every peer's memory, so
-    # they cost milliseconds each: as many cycles as fit in ~60 s, the same on both ranks.
-    cycles = torch.tensor([min(10_000, int(60 / per_window))], device="cuda")
-    dist.all_reduce(cycles, op=dist.ReduceOp.MIN)
-    window_cycles = int(cycles.item())
-    print(f"window register/close: {per_window * 1e3:.2f} ms each, {window_cycles} cycles")
     torch.cuda.synchronize()
     free_before, _ = torch.cuda.mem_get_info()
     count_before = comm._resource_count()
+    start = time.perf_counter()
     for _ in range(10_000):
         comm.register_buffer(t).close()
-    for _ in range(window_cycles):
-        comm.register_window(t).close()
+    buffer_s = time.perf_counter() - start
+    # Windows are collective and map every peer's memory: chunks of cycles until 10,000 or
+    # the time budget, decided together so both ranks run the same number.
+    window_cycles, chunk_s = 0, []
+    start = time.perf_counter()
+    go = torch.ones(1, device="cuda")
+    while go.item() and window_cycles < 10_000:
+        chunk_start = time.perf_counter()
+        for _ in range(WINDOW_CHUNK):
+            comm.register_window(t).close()
+        window_cycles += WINDOW_CHUNK
+        chunk_s.append(time.perf_counter() - chunk_start)
+        go.fill_(time.perf_counter() - start < WINDOW_BUDGET_S)
+        dist.all_reduce(go, op=dist.ReduceOp.MIN)
     torch.cuda.synchronize()
     free_after, _ = torch.cuda.mem_get_info()
+    print(
+        f"10000 buffer cycles in {buffer_s:.1f} s; {window_cycles} window cycles, "
+        f"first chunk {chunk_s[0] / WINDOW_CHUNK * 1e3:.2f} ms/cycle, "
+        f"last {chunk_s[-1] / WINDOW_CHUNK * 1e3:.2f} ms/cycle"
+    )
     assert comm._resource_count() == count_before
     assert free_before - free_after < (32 << 20)
     assert window_cycles >= MIN_WINDOW_CYCLES
