@@ -61,7 +61,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
   }
   const c10::cuda::CUDAStream current =
       c10::cuda::getCurrentCUDAStream(device.index());
-  if (autoRegister_) {
+  if (autoRegister_ && registrationGains(type)) {
     for (const auto* tensors : {&outputs, &inputs}) {
       for (const at::Tensor& tensor : *tensors) {
         comm.registerAutomatically(tensor.data_ptr(), tensor.nbytes());

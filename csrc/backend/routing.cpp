@@ -40,6 +40,10 @@ bool symmetricKernelsWin(c10d::OpType type, size_t bytes) {
   }
 }
 
+bool registrationGains(c10d::OpType type) {
+  return type != c10d::OpType::BROADCAST;
+}
+
 Communicator& routeCollective(
     Communicator& comm,
     c10d::OpType type,

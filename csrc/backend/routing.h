@@ -1,4 +1,5 @@
-// Which communicator runs a collective whose buffers lie in a symmetric
+// Registration and routing policy, from measurements (docs/memory.md). Which
+// communicator runs a collective whose buffers lie in a symmetric
 // window. NCCL then picks its symmetric kernels, which on 2 GPUs over NVLink
 // without multicast lose to its ring kernels for some ops and sizes; those
 // run on the group's window-free twin communicator instead, where the same
@@ -24,6 +25,11 @@ SymmetricKernels symmetricKernelsSetting();
 // Whether symmetric kernels beat the ring for `type` at `bytes` (docs/memory.md
 // has the measurements behind the table).
 bool symmetricKernelsWin(c10d::OpType type, size_t bytes);
+
+// Whether an op of `type` on NCCL memory should register that memory on first
+// use. Broadcast is the exception: NCCL's registered broadcast measured 3-8%
+// slower than the copy-through one at 8-32 MiB (docs/memory.md).
+bool registrationGains(c10d::OpType type);
 
 // `comm`, or its window-free twin when `tensors` lie in symmetric windows
 // and the table says the ring is faster.

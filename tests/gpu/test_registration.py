@@ -137,3 +137,16 @@ def test_allocate_tensor_serves_from_a_cached_pool(rank):
     assert resolved[0] == address
     with pytest.raises(ValueError, match="size must be >= 0"):
         backend.allocate_tensor(-1, dtype=torch.float32, device=torch.device("cuda"))
+
+
+def test_broadcast_leaves_memory_unregistered(rank, fresh_group):
+    """Registered broadcast measured slower than the copy-through one: it does not register."""
+    comm = torch_nccl_core.communicator(fresh_group)
+    t = torch_nccl_core.empty(SWEEP_NUMEL)
+    t.copy_(rank_tensor(SWEEP_NUMEL, torch.float32, rank))
+    dist.broadcast(t, src=1, group=fresh_group)
+    after_broadcast = comm._resource_count()
+    dist.all_reduce(t, group=fresh_group)
+    after_all_reduce = comm._resource_count()
+    assert (after_broadcast, after_all_reduce) == (0, 1)
+    assert_equal(t, rank_tensor(SWEEP_NUMEL, torch.float32, 1) * 2)
