@@ -58,12 +58,15 @@ at::Tensor
 NcclCoreBackend::allocateTensor(long size, at::TensorOptions options) {
   TORCH_CHECK_VALUE(
       size >= 0, "nccl_core allocateTensor: size must be >= 0, got ", size);
-  const at::Device device =
+  at::Device device =
       options.has_device() ? options.device() : deviceForOpWithoutTensors({});
   TORCH_CHECK_VALUE(
-      device.is_cuda() && device.has_index(),
-      "nccl_core allocateTensor: expected a CUDA device with an index, got ",
+      device.is_cuda(),
+      "nccl_core allocateTensor: expected a CUDA device, got ",
       device);
+  if (!device.has_index()) {
+    device = at::Device(at::kCUDA, c10::cuda::current_device());
+  }
   if (!memPool_) {
     c10::cuda::CUDAGuard guard(device.index());
     memPool_ = std::make_unique<at::cuda::MemPool>(poolAllocator());

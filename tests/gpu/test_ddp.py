@@ -108,7 +108,9 @@ def test_fsdp2_matches_replica(rank, comm_buffers):
             fully_shard(layer)
     fully_shard(model)
     if comm_buffers == "process_group":
-        model.set_allocate_memory_from_process_group_for_comm(True)
+        for module in model.modules():  # a per-module setting
+            if hasattr(module, "set_allocate_memory_from_process_group_for_comm"):
+                module.set_allocate_memory_from_process_group_for_comm(True)
     mesh_comm = torch_nccl_core.communicator(next(model.parameters()).device_mesh.get_group())
     registered_before = mesh_comm._resource_count()
     losses = _train(model, _batches(rank, FSDP_STEPS))
