@@ -71,7 +71,8 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::broadcast(
       [&](ncclComm_t comm, cudaStream_t stream) {
         return ncclBroadcast(
             buf.ptr, buf.ptr, buf.count, buf.dtype, root, comm, stream);
-      });
+      },
+      LaunchOptions{false, /*routable=*/true});
 }
 
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce(

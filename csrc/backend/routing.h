@@ -28,7 +28,8 @@ bool symmetricKernelsWin(c10d::OpType type, size_t bytes);
 
 // Whether an op of `type` on NCCL memory should register that memory on first
 // use. Broadcast is the exception: NCCL's registered broadcast measured 3-8%
-// slower than the copy-through one at 8-32 MiB (docs/memory.md).
+// slower than the copy-through one at 8-32 MiB (docs/memory.md); on window
+// memory it is routed to the twin, where nothing is registered.
 bool registrationGains(c10d::OpType type);
 
 // `comm`, or its window-free twin when `tensors` lie in symmetric windows

@@ -145,8 +145,8 @@ def test_register_window_refuses_bad_input():
 
 
 @pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "broadcast"])
-def test_collectives_on_window_memory(rank, world_size, op):
-    numel = 1 << 18
+@pytest.mark.parametrize("numel", [1 << 18, 1 << 21], ids=["1MiB", "8MiB"])
+def test_collectives_on_window_memory(rank, world_size, op, numel):
     expected_all = all_ranks(numel, torch.float32)
     source = torch_nccl_core.empty(numel, window=True)
     source.copy_(rank_tensor(numel, torch.float32, rank))
