@@ -64,7 +64,9 @@ def version() -> str:
 
 
 nccl_include, nccl_lib = nccl_dirs()
-sources = sorted(glob.glob("csrc/**/*.cpp", recursive=True) + glob.glob("csrc/**/*.cu", recursive=True))
+sources = sorted(
+    glob.glob("csrc/**/*.cpp", recursive=True) + glob.glob("csrc/**/*.cu", recursive=True)
+)
 
 setup(
     name="torch-nccl-core",
