@@ -295,8 +295,9 @@ void ReduceOp::useCustom(
 }
 
 ReduceOp::~ReduceOp() {
-  if (comm_ != nullptr) {
-    comm_->destroyRedOp(op_);
+  // An aborted communicator has already freed its ops.
+  if (comm_ != nullptr && !comm_->isAborted()) {
+    NCCL_CORE_WARN(ncclRedOpDestroy(op_, comm_->get()));
   }
 }
 

@@ -138,8 +138,7 @@ void bindResources(py::module_& m) {
             return lsaPointer(*w.communicator(), w, lsaRank, offset);
           },
           py::arg("lsa_rank"),
-          py::arg("offset") = 0,
-          py::call_guard<py::gil_scoped_release>())
+          py::arg("offset") = 0)
       .def(
           "peer_pointer",
           [](const Window& w, int peer, size_t offset) {
@@ -147,8 +146,7 @@ void bindResources(py::module_& m) {
             return peerPointer(*w.communicator(), w, peer, offset);
           },
           py::arg("peer"),
-          py::arg("offset") = 0,
-          py::call_guard<py::gil_scoped_release>())
+          py::arg("offset") = 0)
       .def(
           "multimem_pointer",
           [](const Window& w, size_t offset) {
@@ -196,8 +194,7 @@ void bindCommunicator(py::module_& m) {
             checkRegistrable(c, tensor, "register_buffer");
             return c.registerBuffer(tensor.data_ptr(), tensor.nbytes());
           },
-          py::arg("tensor"),
-          py::call_guard<py::gil_scoped_release>())
+          py::arg("tensor"))
       .def(
           "register_window",
           &registerWindow,
@@ -213,8 +210,7 @@ void bindCommunicator(py::module_& m) {
           "create_pre_mul_sum",
           &createPreMulSum,
           py::arg("scalar"),
-          py::arg("dtype"),
-          py::call_guard<py::gil_scoped_release>())
+          py::arg("dtype"))
       .def("_resource_count", &Communicator::resourceCount)
       .def_property_readonly(
           "_without_windows",
