@@ -51,7 +51,10 @@ def communicator(group: dist.ProcessGroup | None = None) -> Communicator:
                 "torch.distributed is not initialized; call init_process_group first"
             )
         group = dist.group.WORLD
-    backend = group._get_backend(torch.device("cuda"))
+    try:
+        backend = group._get_backend(torch.device("cuda"))
+    except RuntimeError as e:  # the group has no CUDA backend at all
+        raise ValueError(f"group {group.group_name!r} has no CUDA backend: {e}") from e
     if not isinstance(backend, _C.NcclCoreBackend):
         raise ValueError(
             f"group {group.group_name!r} runs {type(backend).__name__} on CUDA, not nccl_core"

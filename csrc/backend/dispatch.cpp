@@ -295,9 +295,8 @@ void ReduceOp::useCustom(
 }
 
 ReduceOp::~ReduceOp() {
-  // An aborted communicator has already freed its ops.
-  if (comm_ != nullptr && !comm_->isAborted()) {
-    NCCL_CORE_WARN(ncclRedOpDestroy(op_, comm_->get()));
+  if (comm_ != nullptr) {
+    comm_->destroyRedOp(op_);
   }
 }
 

@@ -3,11 +3,23 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <thread>
+#include <type_traits>
 
 #include "nccl/errors.h"
 
 namespace nccl_core {
+
+namespace {
+// For calls NCCL completes before returning (local ones, never
+// ncclInProgress), made while holding the communicator's lock.
+void checkLocal(ncclResult_t result, const char* call) {
+  if (C10_UNLIKELY(result != ncclSuccess)) {
+    throwNcclError(result, call, __FILE__, __LINE__);
+  }
+}
+} // namespace
 
 std::shared_ptr<Communicator> Communicator::create(
     int nranks,
@@ -21,8 +33,7 @@ std::shared_ptr<Communicator> Communicator::create(
   ncclResult_t result =
       ncclCommInitRankConfig(&comm, nranks, id, rank, &config);
   // Owned from here on, so that a failed initialization is aborted.
-  auto communicator =
-      adopt(comm, rank, nranks, device, config.blocking == 0, timeout);
+  auto communicator = adopt(comm, rank, nranks, device, config, timeout);
   communicator->check(result, "ncclCommInitRankConfig");
   return communicator;
 }
@@ -39,7 +50,7 @@ Communicator::split(int color, int key, ncclConfig_t config) {
   if (nonblocking_) {
     // The parent's config decides: the split runs asynchronously and `child`
     // is only written once the parent has settled.
-    const ncclResult_t state = settle(comm_, "ncclCommSplit");
+    const ncclResult_t state = settle("ncclCommSplit");
     if (state != ncclSuccess) {
       throwNcclError(state, "ncclCommSplit", __FILE__, __LINE__, comm_);
     }
@@ -51,8 +62,7 @@ Communicator::split(int color, int key, ncclConfig_t config) {
   int childSize = 0;
   NCCL_CORE_CHECK(ncclCommUserRank(child, &childRank));
   NCCL_CORE_CHECK(ncclCommCount(child, &childSize));
-  return adopt(
-      child, childRank, childSize, device_, config.blocking == 0, timeout_);
+  return adopt(child, childRank, childSize, device_, config, timeout_);
 }
 
 Communicator::Communicator(
@@ -60,24 +70,30 @@ Communicator::Communicator(
     int rank,
     int size,
     int device,
-    bool nonblocking,
+    const ncclConfig_t& config,
     std::chrono::milliseconds timeout)
     : comm_(comm),
       rank_(rank),
       size_(size),
       device_(device),
-      nonblocking_(nonblocking),
-      timeout_(timeout) {}
+      nonblocking_(config.blocking == 0),
+      timeout_(timeout),
+      netName_(config.netName != nullptr ? config.netName : ""),
+      commName_(config.commName != nullptr ? config.commName : ""),
+      config_(config) {
+  config_.netName = config.netName != nullptr ? netName_.c_str() : nullptr;
+  config_.commName = config.commName != nullptr ? commName_.c_str() : nullptr;
+}
 
 std::shared_ptr<Communicator> Communicator::adopt(
     ncclComm_t comm,
     int rank,
     int size,
     int device,
-    bool nonblocking,
+    const ncclConfig_t& config,
     std::chrono::milliseconds timeout) {
   std::shared_ptr<Communicator> communicator(
-      new Communicator(comm, rank, size, device, nonblocking, timeout));
+      new Communicator(comm, rank, size, device, config, timeout));
   addAllocationObserver(communicator);
   return communicator;
 }
@@ -98,7 +114,7 @@ void Communicator::check(ncclResult_t result, const char* call) {
     return;
   }
   if (result == ncclInProgress && nonblocking_) {
-    result = settle(comm_, call);
+    result = settle(call);
     if (result == ncclSuccess) {
       return;
     }
@@ -106,11 +122,15 @@ void Communicator::check(ncclResult_t result, const char* call) {
   throwNcclError(result, call, __FILE__, __LINE__, comm_);
 }
 
-ncclResult_t Communicator::settle(ncclComm_t comm, const char* call) const {
+ncclResult_t Communicator::settle(const char* call) {
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   while (true) {
     ncclResult_t state = ncclSuccess;
-    const ncclResult_t result = ncclCommGetAsyncError(comm, &state);
+    ncclResult_t result = ncclSuccess;
+    {
+      std::lock_guard<std::mutex> lock(pollMutex_);
+      result = ncclCommGetAsyncError(get(), &state);
+    }
     if (result != ncclSuccess) {
       return result;
     }
@@ -118,13 +138,14 @@ ncclResult_t Communicator::settle(ncclComm_t comm, const char* call) const {
       return state;
     }
     if (std::chrono::steady_clock::now() > deadline) {
+      abort();
       C10_THROW_ERROR(
           DistBackendError,
           c10::str(
               call,
               " on a nonblocking NCCL communicator did not complete within ",
               timeout_.count(),
-              " ms"));
+              " ms; the communicator was aborted"));
     }
     std::this_thread::yield();
   }
@@ -142,6 +163,7 @@ void Communicator::abort() noexcept {
     resource->closed_.store(true, std::memory_order_release);
   }
   resources_.clear();
+  windows_.clear();
   byAllocation_.clear();
   if (withoutWindows_) {
     withoutWindows_->abort();
@@ -155,6 +177,7 @@ ncclResult_t Communicator::asyncError() const {
     return ncclSuccess;
   }
   ncclResult_t asyncResult = ncclSuccess;
+  std::lock_guard<std::mutex> lock(pollMutex_);
   ncclResult_t result = ncclCommGetAsyncError(comm_, &asyncResult);
   return result != ncclSuccess ? result : asyncResult;
 }
@@ -164,6 +187,9 @@ std::shared_ptr<Resource> Communicator::track(Args&&... args) {
   auto resource =
       std::make_shared<Resource>(weak_from_this(), std::forward<Args>(args)...);
   resources_.emplace(resource.get(), resource);
+  if constexpr (std::is_same_v<Resource, Window>) {
+    windows_.push_back(resource.get());
+  }
   return resource;
 }
 
@@ -173,7 +199,7 @@ Communicator::registerBuffer(void* ptr, size_t bytes) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   std::lock_guard<std::mutex> lock(mutex_);
   void* handle = nullptr;
-  check(ncclCommRegister(get(), ptr, bytes, &handle), "ncclCommRegister");
+  checkLocal(ncclCommRegister(get(), ptr, bytes, &handle), "ncclCommRegister");
   return track<RegisteredBuffer>(
       allocation ? std::optional<uint64_t>(allocation->id) : std::nullopt,
       handle,
@@ -186,13 +212,15 @@ Communicator::registerWindow(void* ptr, size_t bytes, int flags) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   // Collective: waits for the peers, so without the lock (abort must stay
   // possible meanwhile).
-  if ((flags & NCCL_WIN_COLL_SYMMETRIC) != 0 && !withoutWindows_) {
+  if ((flags & NCCL_WIN_COLL_SYMMETRIC) != 0 && !withoutWindows()) {
     // Collective like the registration itself, so every rank makes it here.
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = nonblocking_ ? 0 : 1;
-    config.splitShare = 1; // shares the parent's buffers and channels
+    ncclConfig_t config = config_; // the group's settings (CTAs, ...)
+    config.splitShare = 1;         // shares the parent's buffers and channels
     auto twin = split(0, rank_, config);
     std::lock_guard<std::mutex> lock(mutex_);
+    if (isAborted()) {
+      twin->abort(); // aborted meanwhile: the twin goes with it
+    }
     withoutWindows_ = std::move(twin);
   }
   ncclWindow_t window = nullptr;
@@ -204,20 +232,16 @@ Communicator::registerWindow(void* ptr, size_t bytes, int flags) {
     check(ncclInProgress, "ncclCommWindowRegister");
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  if (window == nullptr || isAborted()) {
-    return nullptr;
+  get(); // raises if aborted meanwhile
+  if (window == nullptr) {
+    return nullptr; // no windows on this platform
   }
-  auto resource = track<Window>(
+  return track<Window>(
       allocation ? std::optional<uint64_t>(allocation->id) : std::nullopt,
       window,
       ptr,
       bytes,
       flags);
-  if (allocation) {
-    // Ops on this allocation use the window; no buffer registration on top.
-    byAllocation_.emplace(allocation->id, resource);
-  }
-  return resource;
 }
 
 std::shared_ptr<CustomRedOp>
@@ -225,7 +249,7 @@ Communicator::createPreMulSum(const void* hostScalar, ncclDataType_t dtype) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   std::lock_guard<std::mutex> lock(mutex_);
   ncclRedOp_t op;
-  check(
+  checkLocal(
       ncclRedOpCreatePreMulSum(
           &op,
           const_cast<void*>(hostScalar),
@@ -236,21 +260,34 @@ Communicator::createPreMulSum(const void* hostScalar, ncclDataType_t dtype) {
   return track<CustomRedOp>(op, dtype);
 }
 
-std::shared_ptr<Window>
-Communicator::findWindow(const void* ptr, size_t bytes) {
-  const auto address = reinterpret_cast<uintptr_t>(ptr);
+void Communicator::destroyRedOp(ncclRedOp_t op) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const auto& [_, resource] : resources_) {
-    auto window = std::dynamic_pointer_cast<Window>(resource);
-    if (!window) {
-      continue;
-    }
+  if (!isAborted()) {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    NCCL_CORE_WARN(ncclRedOpDestroy(op, comm_));
+  }
+}
+
+Window*
+Communicator::windowCovering(const void* ptr, size_t bytes, int flags) const {
+  const auto address = reinterpret_cast<uintptr_t>(ptr);
+  for (Window* window : windows_) {
     const auto base = reinterpret_cast<uintptr_t>(window->userPtr());
-    if (address >= base && address + bytes <= base + window->size()) {
+    if ((window->flags() & flags) == flags && address >= base &&
+        address + bytes <= base + window->size()) {
       return window;
     }
   }
   return nullptr;
+}
+
+std::shared_ptr<Window>
+Communicator::findWindow(const void* ptr, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Window* window = windowCovering(ptr, bytes, 0);
+  return window != nullptr
+             ? std::static_pointer_cast<Window>(resources_.at(window))
+             : nullptr;
 }
 
 size_t Communicator::resourceCount() {
@@ -264,17 +301,8 @@ std::shared_ptr<Communicator> Communicator::withoutWindows() {
 }
 
 bool Communicator::inSymmetricWindow(const void* ptr, size_t bytes) {
-  const auto allocation = findAllocation(ptr, bytes);
-  if (!allocation) {
-    return false;
-  }
   std::lock_guard<std::mutex> lock(mutex_);
-  auto entry = byAllocation_.find(allocation->id);
-  if (entry == byAllocation_.end()) {
-    return false;
-  }
-  const auto* window = dynamic_cast<const Window*>(entry->second.get());
-  return window != nullptr && (window->flags() & NCCL_WIN_COLL_SYMMETRIC) != 0;
+  return windowCovering(ptr, bytes, NCCL_WIN_COLL_SYMMETRIC) != nullptr;
 }
 
 void Communicator::registerAutomatically(const void* ptr, size_t bytes) {
@@ -283,13 +311,14 @@ void Communicator::registerAutomatically(const void* ptr, size_t bytes) {
     return;
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  if (byAllocation_.count(allocation->id) != 0) {
-    return;
+  if (byAllocation_.count(allocation->id) != 0 ||
+      windowCovering(ptr, bytes, 0) != nullptr) {
+    return; // registered already, or NCCL finds it in a window
   }
   // The whole allocation, so every tensor carved from it (a MemPool segment)
   // shares one registration.
   void* handle = nullptr;
-  check(
+  checkLocal(
       ncclCommRegister(
           get(),
           reinterpret_cast<void*>(allocation->base),
@@ -313,6 +342,9 @@ void Communicator::close(CommResource& resource) noexcept {
   // Keeps the resource alive until released, whoever else lets go of it.
   std::shared_ptr<CommResource> owned = std::move(it->second);
   resources_.erase(it);
+  windows_.erase(
+      std::remove(windows_.begin(), windows_.end(), owned.get()),
+      windows_.end());
   if (const auto& allocation = owned->allocation()) {
     auto entry = byAllocation_.find(*allocation);
     if (entry != byAllocation_.end() && entry->second == owned) {

@@ -8,7 +8,9 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "nccl/allocations.h"
 #include "nccl/resources.h"
@@ -75,6 +77,10 @@ class Communicator final : public AllocationObserver,
   std::shared_ptr<Window> findWindow(const void* ptr, size_t bytes);
   size_t resourceCount();
 
+  // Destroys a custom reduce op created on this communicator; a no-op once
+  // the communicator was aborted (which freed it).
+  void destroyRedOp(ncclRedOp_t op) noexcept;
+
   // Whether [ptr, ptr + bytes) lies in a COLL_SYMMETRIC window of this
   // communicator (collectives on it may then use NCCL's symmetric kernels).
   bool inSymmetricWindow(const void* ptr, size_t bytes);
@@ -97,18 +103,23 @@ class Communicator final : public AllocationObserver,
       int rank,
       int size,
       int device,
-      bool nonblocking,
+      const ncclConfig_t& config,
       std::chrono::milliseconds timeout);
   static std::shared_ptr<Communicator> adopt(
       ncclComm_t comm,
       int rank,
       int size,
       int device,
-      bool nonblocking,
+      const ncclConfig_t& config,
       std::chrono::milliseconds timeout);
 
-  // Polls a nonblocking communicator until NCCL finished `call`.
-  ncclResult_t settle(ncclComm_t comm, const char* call) const;
+  // Polls a nonblocking communicator until NCCL finished `call`. At the
+  // timeout it aborts the communicator (which ends NCCL's pending job, so it
+  // cannot write to the caller's output later) and throws.
+  ncclResult_t settle(const char* call);
+  // The window of this communicator covering [ptr, ptr + bytes); needs
+  // mutex_.
+  Window* windowCovering(const void* ptr, size_t bytes, int flags) const;
   template <typename Resource, typename... Args>
   std::shared_ptr<Resource> track(Args&&... args);
   void onFree(const Allocation& allocation) noexcept override;
@@ -119,14 +130,21 @@ class Communicator final : public AllocationObserver,
   const int device_;
   const bool nonblocking_;
   const std::chrono::milliseconds timeout_;
+  // The config it was made with (strings owned here), for the twin.
+  const std::string netName_;
+  const std::string commName_;
+  ncclConfig_t config_;
   std::atomic<bool> aborted_{false};
 
   // Guards abort and the resource tables; never held across a collective.
   std::mutex mutex_;
+  // Serialises ncclCommGetAsyncError between the watchdog and settle(): on
+  // a nonblocking communicator it may complete NCCL's pending job.
+  mutable std::mutex pollMutex_;
   std::unordered_map<const CommResource*, std::shared_ptr<CommResource>>
       resources_;
-  // Registrations made by registerAutomatically (and windows of collective
-  // allocations), by allocation id.
+  std::vector<Window*> windows_; // the windows among resources_
+  // Registrations made by registerAutomatically, by allocation id.
   std::unordered_map<uint64_t, std::shared_ptr<CommResource>> byAllocation_;
   std::shared_ptr<Communicator> withoutWindows_;
 };

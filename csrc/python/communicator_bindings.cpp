@@ -138,7 +138,8 @@ void bindResources(py::module_& m) {
             return lsaPointer(*w.communicator(), w, lsaRank, offset);
           },
           py::arg("lsa_rank"),
-          py::arg("offset") = 0)
+          py::arg("offset") = 0,
+          py::call_guard<py::gil_scoped_release>())
       .def(
           "peer_pointer",
           [](const Window& w, int peer, size_t offset) {
@@ -146,7 +147,8 @@ void bindResources(py::module_& m) {
             return peerPointer(*w.communicator(), w, peer, offset);
           },
           py::arg("peer"),
-          py::arg("offset") = 0)
+          py::arg("offset") = 0,
+          py::call_guard<py::gil_scoped_release>())
       .def(
           "multimem_pointer",
           [](const Window& w, size_t offset) {
@@ -194,7 +196,8 @@ void bindCommunicator(py::module_& m) {
             checkRegistrable(c, tensor, "register_buffer");
             return c.registerBuffer(tensor.data_ptr(), tensor.nbytes());
           },
-          py::arg("tensor"))
+          py::arg("tensor"),
+          py::call_guard<py::gil_scoped_release>())
       .def(
           "register_window",
           &registerWindow,
@@ -210,7 +213,8 @@ void bindCommunicator(py::module_& m) {
           "create_pre_mul_sum",
           &createPreMulSum,
           py::arg("scalar"),
-          py::arg("dtype"))
+          py::arg("dtype"),
+          py::call_guard<py::gil_scoped_release>())
       .def("_resource_count", &Communicator::resourceCount)
       .def_property_readonly(
           "_without_windows",

@@ -297,3 +297,21 @@ def test_large_ops_on_windows_avoid_slow_symmetric_kernels(rank, world_size, op)
     assert_equal(result, expected)
     assert counts[1] == counts[0]  # the small op did not touch the twin
     assert counts[2] > counts[1]  # the large one registered its buffers there
+
+
+def test_window_over_registered_memory_still_routes(rank):
+    """A window registered over memory that ops had already registered is seen by routing."""
+    comm = torch_nccl_core.communicator()
+    numel = 64 << 18  # 64 MiB of float32: all-reduce runs on the twin when in a window
+    t = torch_nccl_core.empty(numel)
+    t.copy_(rank_tensor(numel, torch.float32, rank))
+    dist.all_reduce(t)  # registers the allocation on the main communicator
+    window = comm.register_window(t, WindowFlag.COLL_SYMMETRIC)
+    twin = comm._without_windows
+    before = twin._resource_count()
+    dist.all_reduce(t)
+    after = twin._resource_count()
+    window.close()
+    expected = reference_reduce(all_ranks(numel, torch.float32), "sum") * 2
+    assert after == before + 1  # it ran on the twin, which registered the memory
+    assert_equal(t, expected)
