@@ -231,6 +231,10 @@ Communicator::registerWindow(void* ptr, size_t bytes, int flags) {
     // Returns before the peers joined; `window` is written once settled.
     check(ncclInProgress, "ncclCommWindowRegister");
   }
+  if (window != nullptr && !signalWindow() &&
+      oneSidedEngine() == OneSidedEngine::LoadStore) {
+    setUpSignals();
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   get(); // raises if aborted meanwhile
   if (window == nullptr) {
@@ -258,6 +262,38 @@ Communicator::createPreMulSum(const void* hostScalar, ncclDataType_t dtype) {
           get()),
       "ncclRedOpCreatePreMulSum");
   return track<CustomRedOp>(op, dtype);
+}
+
+void Communicator::setUpSignals() {
+  std::unique_ptr<SignalWindow> signals;
+  try {
+    signals = std::make_unique<SignalWindow>(*this);
+  } catch (const c10::NotImplementedError&) {
+    // This build cannot read window addresses on this NCCL (the same on every
+    // rank): windows work, one-sided operations will say what they need.
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  signalWindow_ = std::move(signals);
+}
+
+SignalWindow* Communicator::signalWindow() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return signalWindow_.get();
+}
+
+ncclWindow_t Communicator::registerInternalWindow(void* ptr, size_t bytes) {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  ncclWindow_t window = nullptr;
+  check(
+      ncclCommWindowRegister(get(), ptr, bytes, &window, NCCL_WIN_DEFAULT),
+      "ncclCommWindowRegister");
+  if (nonblocking_) {
+    check(ncclInProgress, "ncclCommWindowRegister");
+  }
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      window != nullptr, "nccl_core: NCCL has no windows on this platform");
+  return window;
 }
 
 void Communicator::destroyRedOp(ncclRedOp_t op) noexcept {

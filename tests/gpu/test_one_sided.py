@@ -1,0 +1,98 @@
+"""One-sided operations: put_signal, signal and wait_signal on windows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import torch_nccl_core
+from torch_nccl_core import WaitSignalDesc, WindowFlag
+
+from .helpers import assert_equal, rank_tensor
+
+NUMEL = 4096
+
+
+def _window(numel: int = 4 * NUMEL):
+    buf = torch_nccl_core.empty(numel, window=True, window_flags=WindowFlag.DEFAULT)
+    buf.zero_()
+    torch.cuda.synchronize()
+    dist.barrier()
+    return buf, torch_nccl_core.communicator().find_window(buf)
+
+
+@pytest.mark.parametrize("stream_kind", ["current", "torch", "int", "protocol"])
+def test_put_signal_ring(rank, world_size, stream_kind):
+    comm = torch_nccl_core.communicator()
+    buf, window = _window()
+    peer, source = (rank + 1) % world_size, (rank - 1) % world_size
+    side = torch.cuda.Stream()
+    stream = {
+        "current": None,
+        "torch": side,
+        "int": side.cuda_stream,
+        "protocol": type("S", (), {"__cuda_stream__": lambda self: (0, side.cuda_stream)})(),
+    }[stream_kind]
+    src = rank_tensor(NUMEL, torch.float32, rank)
+    if stream_kind != "current":
+        side.wait_stream(torch.cuda.current_stream())
+    comm.put_signal(src, peer, window, offset=NUMEL, stream=stream)
+    comm.wait_signal(WaitSignalDesc(source), stream=stream)
+    if stream_kind != "current":
+        torch.cuda.current_stream().wait_stream(side)
+    received = buf[NUMEL : 2 * NUMEL].clone()
+    untouched = buf[:NUMEL].clone()
+    torch.cuda.synchronize()
+    dist.barrier()
+    assert_equal(received, rank_tensor(NUMEL, torch.float32, source))
+    assert_equal(untouched, torch.zeros(NUMEL, device="cuda"))
+
+
+def test_signals_count(rank, world_size):
+    """Several puts, one wait of op_count=n; then waits in a loop."""
+    comm = torch_nccl_core.communicator()
+    buf, window = _window()
+    peer, source = (rank + 1) % world_size, (rank - 1) % world_size
+    parts = 4
+    for i in range(parts):
+        chunk = rank_tensor(NUMEL // parts, torch.float32, rank, salt=i)
+        comm.put_signal(chunk, peer, window, offset=i * (NUMEL // parts))
+    comm.wait_signal([WaitSignalDesc(source, op_count=parts)])
+    first = buf[:NUMEL].clone()
+    for _ in range(10):
+        comm.signal(peer)
+        comm.wait_signal(WaitSignalDesc(source))
+    torch.cuda.synchronize()
+    dist.barrier()
+    expected = torch.cat(
+        [rank_tensor(NUMEL // parts, torch.float32, source, salt=i) for i in range(parts)]
+    )
+    assert_equal(first, expected)
+
+
+def test_one_sided_refuses_bad_input(rank, world_size):
+    comm = torch_nccl_core.communicator()
+    _buf, window = _window(NUMEL)  # _buf keeps the window's memory alive
+    peer = (rank + 1) % world_size
+    src = torch.ones(NUMEL, device="cuda")
+    with pytest.raises(ValueError, match="another rank"):
+        comm.put_signal(src, rank, window)
+    with pytest.raises(ValueError, match="another rank"):
+        comm.signal(world_size)
+    with pytest.raises(ValueError, match="overrun"):
+        comm.put_signal(src, peer, window, offset=1)
+    with pytest.raises(ValueError, match="must be 0"):
+        comm.put_signal(src[:4], peer, window, signal_index=1)
+    with pytest.raises(ValueError, match="contiguous"):
+        comm.put_signal(torch.ones(8, 8, device="cuda").t(), peer, window)
+    with pytest.raises(ValueError, match="CUDA"):
+        comm.put_signal(torch.ones(4), peer, window)
+    with pytest.raises(TypeError, match="stream"):
+        comm.signal(peer, stream="fast")
+    with pytest.raises(ValueError, match="op_count"):
+        WaitSignalDesc(peer, op_count=0)
+    dist.barrier()
+    window.close()
+    with pytest.raises(RuntimeError, match="was closed"):
+        comm.put_signal(src[:4], peer, window)
