@@ -21,6 +21,7 @@ from .communicator import (
     WindowFlag,
     communicator,
 )
+from .dev_comm import DevCommRequirements, GinConnectionType, GinType
 from .memory import empty, mem_pool, resolve_tensor
 
 Options = _C.Options
@@ -42,6 +43,9 @@ __all__ = [
     "BACKEND_NAME",
     "Communicator",
     "CustomRedOp",
+    "DevCommRequirements",
+    "GinConnectionType",
+    "GinType",
     "Options",
     "RegisteredBuffer",
     "WaitSignalDesc",

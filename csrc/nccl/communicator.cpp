@@ -7,6 +7,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "nccl/dev_comm.h"
 #include "nccl/errors.h"
 
 namespace nccl_core {
@@ -294,6 +295,13 @@ ncclWindow_t Communicator::registerInternalWindow(void* ptr, size_t bytes) {
   TORCH_CHECK_NOT_IMPLEMENTED(
       window != nullptr, "nccl_core: NCCL has no windows on this platform");
   return window;
+}
+
+std::shared_ptr<DevComm>
+Communicator::adoptDevComm(std::shared_ptr<void> devComm) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  get(); // aborted meanwhile: NCCL freed it
+  return track<DevComm>(std::move(devComm));
 }
 
 void Communicator::destroyRedOp(ncclRedOp_t op) noexcept {

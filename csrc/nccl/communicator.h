@@ -78,6 +78,9 @@ class Communicator final : public AllocationObserver,
   std::shared_ptr<Window> findWindow(const void* ptr, size_t bytes);
   size_t resourceCount();
 
+  // Tracks a device communicator made by createDevComm (dev_comm.h).
+  std::shared_ptr<class DevComm> adoptDevComm(std::shared_ptr<void> devComm);
+
   // The LoadStore one-sided engine's signals, set up (collectively) with the
   // first window; null on the Host engine or before any window.
   SignalWindow* signalWindow();

@@ -8,6 +8,7 @@
 
 #include "backend/dispatch.h"
 #include "nccl/communicator.h"
+#include "nccl/dev_comm.h"
 #include "nccl/onesided.h"
 #include "python/communicator_bindings.h"
 
@@ -127,6 +128,12 @@ std::vector<WaitSignalDesc> descsOf(const py::object& descs) {
 } // namespace
 
 void bindOneSided(py::module_& m) {
+  py::class_<DevComm, CommResource, std::shared_ptr<DevComm>>(
+      m, "DevComm", "A device communicator (ncclDevComm) of a communicator.")
+      .def_property_readonly("ptr", &DevComm::ptr)
+      .def_property_readonly("lsa_rank", &DevComm::lsaRank)
+      .def_property_readonly("lsa_size", &DevComm::lsaSize);
+
   py::class_<WaitSignalDesc>(
       m, "WaitSignalDesc", "Wait for op_count signals from peer.")
       .def(

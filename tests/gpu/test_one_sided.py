@@ -96,3 +96,15 @@ def test_one_sided_refuses_bad_input(rank, world_size):
     window.close()
     with pytest.raises(RuntimeError, match="was closed"):
         comm.put_signal(src[:4], peer, window)
+
+
+def test_dev_comm_lifecycle(rank, world_size):
+    comm = torch_nccl_core.communicator()
+    dev = comm.create_dev_comm(torch_nccl_core.DevCommRequirements(lsa_barrier_count=1))
+    info = (dev.ptr != 0, dev.lsa_rank, dev.lsa_size, dev.is_valid)
+    dev.close()
+    dev.close()
+    assert info == (True, rank, world_size, True)
+    assert not dev.is_valid
+    with pytest.raises(RuntimeError, match="was closed"):
+        dev.ptr  # noqa: B018
