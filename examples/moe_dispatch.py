@@ -1,13 +1,12 @@
-"""MoE-style token dispatch and combine with put_signal / wait_signal, checked against
-all_to_all_single, with the time of both.
+"""MoE-style token dispatch with put_signal / wait_signal, checked against all_to_all_single,
+with the time of both. (WIP: combine, the way back, is not written yet.)
 
     torchrun --nproc-per-node=2 examples/moe_dispatch.py [--tokens 8192] [--hidden 4096]
 
 Each rank routes its tokens to experts living on every rank (expert e on rank e % world). The
 token counts per destination are exchanged first (a tiny all_to_all); then each rank puts its
 tokens for rank r straight into r's receive window at the offset r computed for it, raises one
-signal, and waits for one signal from every peer. Combine sends the (here: scaled) tokens back
-the same way.
+signal, and waits for one signal from every peer.
 """
 
 from __future__ import annotations
