@@ -108,3 +108,28 @@ def test_dev_comm_lifecycle(rank, world_size):
     assert not dev.is_valid
     with pytest.raises(RuntimeError, match="was closed"):
         dev.ptr  # noqa: B018
+
+
+def test_device_kernel_example_exchanges_through_lsa(rank, world_size):
+    """examples/device_kernel: a kernel that exchanges data itself, with an LSA barrier."""
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples/device_kernel"))
+    from build import build
+
+    module = build()  # both ranks: torch's build lock serialises the compile
+    dist.barrier()
+    comm = torch_nccl_core.communicator()
+    count = 1 << 14
+    buf = torch_nccl_core.empty(2 * count, window=True)
+    buf[:count].fill_(rank)
+    buf[count:].fill_(-1)
+    window = comm.find_window(buf)
+    dev = comm.create_dev_comm(torch_nccl_core.DevCommRequirements(lsa_barrier_count=1))
+    module.exchange(dev.ptr, window.handle, count, torch.cuda.current_stream().cuda_stream)
+    received = buf[count:].clone()
+    torch.cuda.synchronize()
+    dev.close()
+    dist.barrier()
+    assert torch.all(received == float((rank + 1) % world_size))
