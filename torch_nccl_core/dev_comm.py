@@ -65,5 +65,7 @@ class DevCommRequirements:
                 raise TypeError(f"DevCommRequirements.{field.name} must be an int or bool")
             if not isinstance(value, bool) and value < 0:
                 raise ValueError(f"DevCommRequirements.{field.name} must be >= 0, got {value}")
+            if field.name == "gin_connection_type":
+                value = GinConnectionType(value)  # ValueError names the bad value
             fields[field.name] = int(value)
         return fields

@@ -9,6 +9,7 @@
 
 #include "nccl/dev_comm.h"
 #include "nccl/errors.h"
+#include "nccl/window_pointers.h"
 
 namespace nccl_core {
 
@@ -232,21 +233,24 @@ Communicator::registerWindow(void* ptr, size_t bytes, int flags) {
     // Returns before the peers joined; `window` is written once settled.
     check(ncclInProgress, "ncclCommWindowRegister");
   }
-  if (window != nullptr && !signalWindow() &&
-      oneSidedEngine() == OneSidedEngine::LoadStore) {
-    setUpSignals();
+  std::shared_ptr<Window> tracked;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    get(); // raises if aborted meanwhile
+    if (window == nullptr) {
+      return nullptr; // no windows on this platform
+    }
+    tracked = track<Window>(
+        allocation ? std::optional<uint64_t>(allocation->id) : std::nullopt,
+        window,
+        ptr,
+        bytes,
+        flags);
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  get(); // raises if aborted meanwhile
-  if (window == nullptr) {
-    return nullptr; // no windows on this platform
+  if (oneSidedEngine() == OneSidedEngine::LoadStore) {
+    prepareLoadStore(*tracked);
   }
-  return track<Window>(
-      allocation ? std::optional<uint64_t>(allocation->id) : std::nullopt,
-      window,
-      ptr,
-      bytes,
-      flags);
+  return tracked;
 }
 
 std::shared_ptr<CustomRedOp>
@@ -265,17 +269,19 @@ Communicator::createPreMulSum(const void* hostScalar, ncclDataType_t dtype) {
   return track<CustomRedOp>(op, dtype);
 }
 
-void Communicator::setUpSignals() {
-  std::unique_ptr<SignalWindow> signals;
+void Communicator::prepareLoadStore(const Window& window) {
   try {
-    signals = std::make_unique<SignalWindow>(*this);
+    if (signalWindow() == nullptr) {
+      auto signals = std::make_unique<SignalWindow>(*this);
+      std::lock_guard<std::mutex> lock(mutex_);
+      signalWindow_ = std::move(signals);
+    }
+    window.lsaBases(
+        [&] { return lsaBases(*this, window.get(), lsaTeam(*this).size); });
   } catch (const c10::NotImplementedError&) {
     // This build cannot read window addresses on this NCCL (the same on every
     // rank): windows work, one-sided operations will say what they need.
-    return;
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  signalWindow_ = std::move(signals);
 }
 
 SignalWindow* Communicator::signalWindow() {

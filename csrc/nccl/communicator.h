@@ -128,8 +128,10 @@ class Communicator final : public AllocationObserver,
   // timeout it aborts the communicator (which ends NCCL's pending job, so it
   // cannot write to the caller's output later) and throws.
   ncclResult_t settle(const char* call);
-  // Collective, with the first window on the LoadStore engine.
-  void setUpSignals();
+  // The LoadStore engine's state for a new window: the signal window
+  // (collective, with the first window) and the window's peer addresses, read
+  // now because reading them cannot be captured in a CUDA graph.
+  void prepareLoadStore(const Window& window);
   // The window of this communicator covering [ptr, ptr + bytes); needs
   // mutex_.
   Window* windowCovering(const void* ptr, size_t bytes, int flags) const;

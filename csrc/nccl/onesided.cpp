@@ -67,17 +67,43 @@ const HostApi& hostApi() {
   return api;
 }
 
-// The LSA rank of `peer`, or NotImplementedError: the LoadStore engine only
-// reaches peers whose memory is mapped here.
-int loadStorePeer(Communicator& comm, int peer) {
+// The LSA rank of `peer`, or NotImplementedError saying what would reach it.
+int loadStorePeer(Communicator& comm, int peer, const char* otherwise) {
   const std::optional<int> lsaRank = lsaRankOf(comm, peer);
   TORCH_CHECK_NOT_IMPLEMENTED(
       lsaRank.has_value(),
       "nccl_core one-sided: peer ",
       peer,
       " is not load/store reachable from this rank (no NVLink or PCIe P2P "
-      "mapping); one-sided operations to it need NCCL >= 2.29");
+      "mapping); ",
+      otherwise);
   return *lsaRank;
+}
+
+constexpr const char* kNeedsHostApi =
+    "one-sided operations to it need NCCL >= 2.29";
+
+// The copy engine writes `src` straight into `peer`'s part of `window`
+// through this rank's mapping of it; no SM is used.
+void copyToPeer(
+    Communicator& comm,
+    const void* src,
+    size_t bytes,
+    int peer,
+    const Window& window,
+    size_t offsetBytes,
+    const char* otherwise,
+    cudaStream_t stream) {
+  const int lsaRank = loadStorePeer(comm, peer, otherwise);
+  const uintptr_t base = window.lsaBases([&] {
+    return lsaBases(comm, window.get(), lsaTeam(comm).size);
+  })[lsaRank];
+  C10_CUDA_CHECK(cudaMemcpyAsync(
+      reinterpret_cast<void*>(base + offsetBytes),
+      src,
+      bytes,
+      cudaMemcpyDeviceToDevice,
+      stream));
 }
 
 SignalWindow& signalWindowOf(Communicator& comm) {
@@ -154,36 +180,43 @@ void putSignal(
     const Window& window,
     size_t offsetBytes,
     cudaStream_t stream) {
-  if (oneSidedEngine() == OneSidedEngine::Host) {
-    comm.check(
-        hostApi().putSignal(
-            src,
-            count,
-            dtype,
-            peer,
-            window.get(),
-            offsetBytes,
-            0,
-            0,
-            0,
-            comm.get(),
-            stream),
-        "ncclPutSignal");
-    return;
-  }
   comm.get();   // an aborted communicator has unmapped its windows
   window.get(); // so has a closed window
-  const int lsaRank = loadStorePeer(comm, peer);
-  const uintptr_t base = window.lsaBases([&] {
-    return lsaBases(comm, window.get(), lsaTeam(comm).size);
-  })[lsaRank];
-  // The copy engine moves the data; no SM is used for it.
-  C10_CUDA_CHECK(cudaMemcpyAsync(
-      reinterpret_cast<void*>(base + offsetBytes),
-      src,
-      bytes,
-      cudaMemcpyDeviceToDevice,
-      stream));
+  if (oneSidedEngine() == OneSidedEngine::Host) {
+    // NCCL reads the source zero-copy from a COLL_SYMMETRIC window only.
+    if (comm.inSymmetricWindow(src, bytes)) {
+      comm.check(
+          hostApi().putSignal(
+              src,
+              count,
+              dtype,
+              peer,
+              window.get(),
+              offsetBytes,
+              0,
+              0,
+              0,
+              comm.get(),
+              stream),
+          "ncclPutSignal");
+      return;
+    }
+    // Other sources are copied to load/store peers directly, then signalled.
+    copyToPeer(
+        comm,
+        src,
+        bytes,
+        peer,
+        window,
+        offsetBytes,
+        "put_signal to it needs `src` inside a COLL_SYMMETRIC window of this "
+        "communicator (NCCL's ncclPutSignal reads only such memory)",
+        stream);
+    signal(comm, peer, stream);
+    return;
+  }
+  copyToPeer(
+      comm, src, bytes, peer, window, offsetBytes, kNeedsHostApi, stream);
   detail::launchSignal(signalWindowOf(comm).remoteCounter(peer), stream);
 }
 
@@ -194,7 +227,7 @@ void signal(Communicator& comm, int peer, cudaStream_t stream) {
     return;
   }
   comm.get();
-  loadStorePeer(comm, peer);
+  loadStorePeer(comm, peer, kNeedsHostApi);
   detail::launchSignal(signalWindowOf(comm).remoteCounter(peer), stream);
 }
 
@@ -216,7 +249,7 @@ void waitSignal(
   }
   comm.get();
   for (const auto& d : descs) {
-    loadStorePeer(comm, d.peer);
+    loadStorePeer(comm, d.peer, kNeedsHostApi);
   }
   const SignalWindow& signals = signalWindowOf(comm);
   detail::launchWait(signals.inbox(), signals.consumed(), descs, stream);

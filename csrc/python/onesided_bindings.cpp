@@ -125,6 +125,12 @@ std::vector<WaitSignalDesc> descsOf(const py::object& descs) {
   return descs.cast<std::vector<WaitSignalDesc>>();
 }
 
+py::object ginTypeOf(Communicator& comm, bool railed) {
+  const int value = ginType(comm, railed);
+  return py::module_::import("torch_nccl_core.dev_comm")
+      .attr("GinType")(value);
+}
+
 } // namespace
 
 void bindOneSided(py::module_& m) {
@@ -209,9 +215,33 @@ void bindOneSided(py::module_& m) {
           py::arg("descs"),
           py::kw_only(),
           py::arg("stream") = py::none())
-      .def_property_readonly_static("one_sided_engine", [](const py::object&) {
-        return oneSidedEngine() == OneSidedEngine::Host ? "nccl" : "load_store";
-      });
+      .def(
+          "create_dev_comm",
+          [](Communicator& comm, const py::object& requirements) {
+            std::map<std::string, int64_t> fields;
+            if (!requirements.is_none()) {
+              TORCH_CHECK_TYPE(
+                  py::hasattr(requirements, "_nccl_fields"),
+                  "nccl_core create_dev_comm: requirements must be a "
+                  "torch_nccl_core.DevCommRequirements or None");
+              fields = requirements.attr("_nccl_fields")()
+                           .cast<std::map<std::string, int64_t>>();
+            }
+            py::gil_scoped_release noGil;
+            return createDevComm(comm, fields);
+          },
+          py::arg("requirements") = py::none(),
+          "Creates a device communicator (collective).")
+      .def_property_readonly(
+          "gin_type",
+          [](Communicator& comm) { return ginTypeOf(comm, false); })
+      .def_property_readonly(
+          "railed_gin_type",
+          [](Communicator& comm) { return ginTypeOf(comm, true); })
+;
+  m.def("one_sided_engine", [] {
+    return oneSidedEngine() == OneSidedEngine::Host ? "nccl" : "load_store";
+  });
 }
 
 } // namespace nccl_core

@@ -30,3 +30,5 @@ def test_requirements_refuse_bad_values():
         DevCommRequirements(lsa_barrier_count=-1)._nccl_fields()
     with pytest.raises(TypeError, match="barrier_count"):
         DevCommRequirements(barrier_count="2")._nccl_fields()
+    with pytest.raises(ValueError, match="GinConnectionType"):
+        DevCommRequirements(gin_connection_type=7)._nccl_fields()

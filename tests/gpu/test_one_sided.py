@@ -14,8 +14,8 @@ from .helpers import assert_equal, rank_tensor
 NUMEL = 4096
 
 
-def _window(numel: int = 4 * NUMEL):
-    buf = torch_nccl_core.empty(numel, window=True, window_flags=WindowFlag.DEFAULT)
+def _window(numel: int = 4 * NUMEL, flags: WindowFlag = WindowFlag.DEFAULT):
+    buf = torch_nccl_core.empty(numel, window=True, window_flags=flags)
     buf.zero_()
     torch.cuda.synchronize()
     dist.barrier()
@@ -47,6 +47,21 @@ def test_put_signal_ring(rank, world_size, stream_kind):
     dist.barrier()
     assert_equal(received, rank_tensor(NUMEL, torch.float32, source))
     assert_equal(untouched, torch.zeros(NUMEL, device="cuda"))
+
+
+@pytest.mark.parametrize("flags", [WindowFlag.DEFAULT, WindowFlag.COLL_SYMMETRIC])
+def test_put_signal_from_window_memory(rank, world_size, flags):
+    """A source inside a window lands like any other (NCCL >= 2.29 reads a symmetric one zero-copy)."""
+    comm = torch_nccl_core.communicator()
+    buf, window = _window(flags=flags)
+    peer, source = (rank + 1) % world_size, (rank - 1) % world_size
+    buf[:NUMEL].copy_(rank_tensor(NUMEL, torch.float32, rank))
+    comm.put_signal(buf[:NUMEL], peer, window, offset=NUMEL)
+    comm.wait_signal(WaitSignalDesc(source))
+    received = buf[NUMEL : 2 * NUMEL].clone()
+    torch.cuda.synchronize()
+    dist.barrier()
+    assert_equal(received, rank_tensor(NUMEL, torch.float32, source))
 
 
 def test_signals_count(rank, world_size):
@@ -101,13 +116,29 @@ def test_one_sided_refuses_bad_input(rank, world_size):
 def test_dev_comm_lifecycle(rank, world_size):
     comm = torch_nccl_core.communicator()
     dev = comm.create_dev_comm(torch_nccl_core.DevCommRequirements(lsa_barrier_count=1))
+    default = comm.create_dev_comm()
     info = (dev.ptr != 0, dev.lsa_rank, dev.lsa_size, dev.is_valid)
     dev.close()
     dev.close()
     assert info == (True, rank, world_size, True)
     assert not dev.is_valid
+    assert default.is_valid  # closing one leaves the other
     with pytest.raises(RuntimeError, match="was closed"):
         dev.ptr  # noqa: B018
+    with pytest.raises(TypeError, match="DevCommRequirements"):
+        comm.create_dev_comm({"lsa_barrier_count": 1})
+    default.close()
+
+
+def test_gin_type_by_nccl_version():
+    """NCCL >= 2.29 reports the GIN transport (the GPU suite builds against the runtime's headers)."""
+    comm = torch_nccl_core.communicator()
+    if torch_nccl_core.nccl_version() >= (2, 29, 0):
+        assert isinstance(comm.gin_type, torch_nccl_core.GinType)
+        assert isinstance(comm.railed_gin_type, torch_nccl_core.GinType)
+    else:
+        with pytest.raises(NotImplementedError, match="2.29"):
+            comm.gin_type  # noqa: B018
 
 
 def test_device_kernel_example_exchanges_through_lsa(rank, world_size):
