@@ -1,5 +1,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
+#include <dlfcn.h>
 #include <nccl_device.h>
 
 #include "nccl/communicator.h"
@@ -139,8 +140,15 @@ std::shared_ptr<DevComm> createDevComm(
 int ginType(Communicator& comm, bool railed) {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 0)
   requireBuildRelease("gin_type");
+  // Looked up at run time: the extension links only NCCL 2.28 symbols, so
+  // that one build also loads on NCCL 2.28.
+  using QueryFn = ncclResult_t (*)(ncclComm_t, ncclCommProperties_t*);
+  static const auto query =
+      reinterpret_cast<QueryFn>(dlsym(RTLD_DEFAULT, "ncclCommQueryProperties"));
+  TORCH_CHECK(
+      query != nullptr, "nccl_core: NCCL has no ncclCommQueryProperties");
   ncclCommProperties_t props = NCCL_COMM_PROPERTIES_INITIALIZER;
-  NCCL_CORE_CHECK(ncclCommQueryProperties(comm.get(), &props));
+  NCCL_CORE_CHECK(query(comm.get(), &props));
   return static_cast<int>(railed ? props.railedGinType : props.ginType);
 #else
   (void)comm;

@@ -127,8 +127,7 @@ std::vector<WaitSignalDesc> descsOf(const py::object& descs) {
 
 py::object ginTypeOf(Communicator& comm, bool railed) {
   const int value = ginType(comm, railed);
-  return py::module_::import("torch_nccl_core.dev_comm")
-      .attr("GinType")(value);
+  return py::module_::import("torch_nccl_core.dev_comm").attr("GinType")(value);
 }
 
 } // namespace
@@ -233,12 +232,10 @@ void bindOneSided(py::module_& m) {
           py::arg("requirements") = py::none(),
           "Creates a device communicator (collective).")
       .def_property_readonly(
-          "gin_type",
-          [](Communicator& comm) { return ginTypeOf(comm, false); })
-      .def_property_readonly(
-          "railed_gin_type",
-          [](Communicator& comm) { return ginTypeOf(comm, true); })
-;
+          "gin_type", [](Communicator& comm) { return ginTypeOf(comm, false); })
+      .def_property_readonly("railed_gin_type", [](Communicator& comm) {
+        return ginTypeOf(comm, true);
+      });
   m.def("one_sided_engine", [] {
     return oneSidedEngine() == OneSidedEngine::Host ? "nccl" : "load_store";
   });

@@ -42,8 +42,8 @@ def build():
     extension = torch_nccl_core._C.nccl_header_version()
     if code != extension:
         raise RuntimeError(
-            f"NCCL headers in {include} are {code}, but torch_nccl_core was built with {extension}: "
-            "set NCCL_INCLUDE_DIR to the headers the extension was built with"
+            f"NCCL headers in {include} are {code}, but torch_nccl_core was built with "
+            f"{extension}: set NCCL_INCLUDE_DIR to the headers the extension was built with"
         )
     return load(
         name=f"nccl_core_device_kernel_example_{code}",

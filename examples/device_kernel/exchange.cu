@@ -8,16 +8,15 @@
 
 namespace {
 
-__global__ void exchangeKernel(
-    ncclDevComm devComm,
-    ncclWindow_t window,
-    size_t count) {
+__global__ void
+exchangeKernel(ncclDevComm devComm, ncclWindow_t window, size_t count) {
   ncclLsaBarrierSession<ncclCoopCta> barrier(
       ncclCoopCta(), devComm, ncclTeamTagLsa(), blockIdx.x);
   // Every rank has written its first half before anyone reads.
   barrier.sync(ncclCoopCta(), cuda::memory_order_acquire);
   const int peer = (devComm.lsaRank + 1) % devComm.lsaSize;
-  const auto* src = static_cast<const float*>(ncclGetLsaPointer(window, 0, peer));
+  const auto* src =
+      static_cast<const float*>(ncclGetLsaPointer(window, 0, peer));
   auto* dst = static_cast<float*>(
       ncclGetLsaPointer(window, count * sizeof(float), devComm.lsaRank));
   for (size_t i = threadIdx.x; i < count; i += blockDim.x) {
