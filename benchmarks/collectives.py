@@ -375,6 +375,47 @@ class SendRecv(Op):
         return mismatch(self.recv, self.prev + 1)
 
 
+class PutSignal(SendRecv):
+    """Ring put: put_signal into rank + 1's window, wait for rank - 1's signal (nccl_core).
+
+    Other backends run the send/recv ring of the same size: the operation it replaces.
+    """
+
+    name = "put_signal"
+
+    def __init__(self, nbytes, env):
+        super().__init__(nbytes, env)
+        self.plain_recv = self.recv
+        self.windows: dict[str, tuple] = {}
+
+    def _window(self, group):
+        # Registered on the first call, which every rank makes together.
+        if group.group_name not in self.windows:
+            import torch_nccl_core
+
+            memory = torch_nccl_core.empty(self.numel, dtype=DTYPE, group=group, window=True)
+            comm = torch_nccl_core.communicator(group)
+            self.windows[group.group_name] = (comm, memory, comm.find_window(memory))
+        return self.windows[group.group_name]
+
+    def call(self, group):
+        if dist.get_backend(group) != "nccl_core":
+            self.recv = self.plain_recv
+            return super().call(group)
+        import torch_nccl_core
+
+        comm, memory, window = self._window(group)
+        comm.put_signal(self.send, self.next, window)
+        comm.wait_signal(torch_nccl_core.WaitSignalDesc(self.prev))
+        self.recv = memory
+
+    def fill(self):
+        self.send.fill_(self.env.rank + 1)
+        for _, memory, _ in self.windows.values():
+            memory.fill_(-1)
+        self.plain_recv.fill_(-1)
+
+
 class Barrier(Op):
     name = "barrier"
 
@@ -400,6 +441,7 @@ OPS = {
         ReduceScatter,
         AllToAll,
         SendRecv,
+        PutSignal,
         Barrier,
     )
 }

@@ -16,10 +16,12 @@ from .communicator import (
     Communicator,
     CustomRedOp,
     RegisteredBuffer,
+    WaitSignalDesc,
     Window,
     WindowFlag,
     communicator,
 )
+from .dev_comm import DevCommRequirements, GinConnectionType, GinType
 from .memory import empty, mem_pool, resolve_tensor
 
 Options = _C.Options
@@ -35,14 +37,28 @@ def features() -> dict[str, bool]:
     return dict(_C.features())
 
 
+def one_sided_engine() -> str:
+    """The engine of one-sided operations in this process, chosen once.
+
+    ``"nccl"``: NCCL >= 2.29's host API; ``"load_store"``: this package's own, for peers reachable
+    by load/store. ``TORCH_NCCL_CORE_ONE_SIDED_ENGINE`` (``auto``, ``nccl``, ``load_store``)
+    chooses; ``auto`` takes ``nccl`` where the loaded NCCL has it.
+    """
+    return _C.one_sided_engine()
+
+
 register()
 
 __all__ = [
     "BACKEND_NAME",
     "Communicator",
     "CustomRedOp",
+    "DevCommRequirements",
+    "GinConnectionType",
+    "GinType",
     "Options",
     "RegisteredBuffer",
+    "WaitSignalDesc",
     "Window",
     "WindowFlag",
     "__version__",
@@ -52,5 +68,6 @@ __all__ = [
     "interop",
     "mem_pool",
     "nccl_version",
+    "one_sided_engine",
     "resolve_tensor",
 ]

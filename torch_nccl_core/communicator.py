@@ -13,6 +13,7 @@ __all__ = [
     "Communicator",
     "CustomRedOp",
     "RegisteredBuffer",
+    "WaitSignalDesc",
     "Window",
     "WindowFlag",
     "communicator",
@@ -22,6 +23,7 @@ Communicator = _C.Communicator
 RegisteredBuffer = _C.RegisteredBuffer
 Window = _C.Window
 CustomRedOp = _C.CustomRedOp
+WaitSignalDesc = _C.WaitSignalDesc
 
 
 class WindowFlag(enum.IntFlag):

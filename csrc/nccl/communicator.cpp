@@ -7,7 +7,9 @@
 #include <thread>
 #include <type_traits>
 
+#include "nccl/dev_comm.h"
 #include "nccl/errors.h"
+#include "nccl/window_pointers.h"
 
 namespace nccl_core {
 
@@ -231,17 +233,24 @@ Communicator::registerWindow(void* ptr, size_t bytes, int flags) {
     // Returns before the peers joined; `window` is written once settled.
     check(ncclInProgress, "ncclCommWindowRegister");
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  get(); // raises if aborted meanwhile
-  if (window == nullptr) {
-    return nullptr; // no windows on this platform
+  std::shared_ptr<Window> tracked;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    get(); // raises if aborted meanwhile
+    if (window == nullptr) {
+      return nullptr; // no windows on this platform
+    }
+    tracked = track<Window>(
+        allocation ? std::optional<uint64_t>(allocation->id) : std::nullopt,
+        window,
+        ptr,
+        bytes,
+        flags);
   }
-  return track<Window>(
-      allocation ? std::optional<uint64_t>(allocation->id) : std::nullopt,
-      window,
-      ptr,
-      bytes,
-      flags);
+  if (oneSidedEngine() == OneSidedEngine::LoadStore) {
+    prepareLoadStore(*tracked);
+  }
+  return tracked;
 }
 
 std::shared_ptr<CustomRedOp>
@@ -258,6 +267,47 @@ Communicator::createPreMulSum(const void* hostScalar, ncclDataType_t dtype) {
           get()),
       "ncclRedOpCreatePreMulSum");
   return track<CustomRedOp>(op, dtype);
+}
+
+void Communicator::prepareLoadStore(const Window& window) {
+  try {
+    if (signalWindow() == nullptr) {
+      auto signals = std::make_unique<SignalWindow>(*this);
+      std::lock_guard<std::mutex> lock(mutex_);
+      signalWindow_ = std::move(signals);
+    }
+    window.lsaBases(
+        [&] { return lsaBases(*this, window.get(), lsaTeam(*this).size); });
+  } catch (const c10::NotImplementedError&) {
+    // This build cannot read window addresses on this NCCL (the same on every
+    // rank): windows work, one-sided operations will say what they need.
+  }
+}
+
+SignalWindow* Communicator::signalWindow() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return signalWindow_.get();
+}
+
+ncclWindow_t Communicator::registerInternalWindow(void* ptr, size_t bytes) {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  ncclWindow_t window = nullptr;
+  check(
+      ncclCommWindowRegister(get(), ptr, bytes, &window, NCCL_WIN_DEFAULT),
+      "ncclCommWindowRegister");
+  if (nonblocking_) {
+    check(ncclInProgress, "ncclCommWindowRegister");
+  }
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      window != nullptr, "nccl_core: NCCL has no windows on this platform");
+  return window;
+}
+
+std::shared_ptr<DevComm>
+Communicator::adoptDevComm(std::shared_ptr<void> devComm) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  get(); // aborted meanwhile: NCCL freed it
+  return track<DevComm>(std::move(devComm));
 }
 
 void Communicator::destroyRedOp(ncclRedOp_t op) noexcept {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "nccl/allocations.h"
+#include "nccl/onesided.h"
 #include "nccl/resources.h"
 
 namespace nccl_core {
@@ -77,6 +78,16 @@ class Communicator final : public AllocationObserver,
   std::shared_ptr<Window> findWindow(const void* ptr, size_t bytes);
   size_t resourceCount();
 
+  // Tracks a device communicator made by createDevComm (dev_comm.h).
+  std::shared_ptr<class DevComm> adoptDevComm(std::shared_ptr<void> devComm);
+
+  // The LoadStore one-sided engine's signals, set up (collectively) with the
+  // first window; null on the Host engine or before any window.
+  SignalWindow* signalWindow();
+  // A window for this package's own use: not a tracked resource, released
+  // when the communicator is aborted or destroyed. Collective.
+  ncclWindow_t registerInternalWindow(void* ptr, size_t bytes);
+
   // Destroys a custom reduce op created on this communicator; a no-op once
   // the communicator was aborted (which freed it).
   void destroyRedOp(ncclRedOp_t op) noexcept;
@@ -117,6 +128,10 @@ class Communicator final : public AllocationObserver,
   // timeout it aborts the communicator (which ends NCCL's pending job, so it
   // cannot write to the caller's output later) and throws.
   ncclResult_t settle(const char* call);
+  // The LoadStore engine's state for a new window: the signal window
+  // (collective, with the first window) and the window's peer addresses, read
+  // now because reading them cannot be captured in a CUDA graph.
+  void prepareLoadStore(const Window& window);
   // The window of this communicator covering [ptr, ptr + bytes); needs
   // mutex_.
   Window* windowCovering(const void* ptr, size_t bytes, int flags) const;
@@ -147,6 +162,9 @@ class Communicator final : public AllocationObserver,
   // Registrations made by registerAutomatically, by allocation id.
   std::unordered_map<uint64_t, std::shared_ptr<CommResource>> byAllocation_;
   std::shared_ptr<Communicator> withoutWindows_;
+  // Declared last: destroyed after the destructor's abort released its
+  // window, before its memory is freed.
+  std::unique_ptr<SignalWindow> signalWindow_;
 };
 
 } // namespace nccl_core

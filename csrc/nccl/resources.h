@@ -11,7 +11,9 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <vector>
 
 namespace nccl_core {
 
@@ -111,9 +113,19 @@ class Window final : public CommResource {
   const char* kind() const override {
     return "window";
   }
+  // The LSA ranks' base addresses, computed by `query` on first use and
+  // kept: one-sided operations need them on every call.
+  template <typename Query>
+  const std::vector<uintptr_t>& lsaBases(Query&& query) const {
+    std::call_once(lsaBasesOnce_, [&] { lsaBases_ = query(); });
+    return lsaBases_;
+  }
 
  private:
   void release(ncclComm_t comm) noexcept override;
+
+  mutable std::once_flag lsaBasesOnce_;
+  mutable std::vector<uintptr_t> lsaBases_;
 
   const ncclWindow_t window_;
   void* const userPtr_;

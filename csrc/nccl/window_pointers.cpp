@@ -81,18 +81,30 @@ uintptr_t lsaPointer(
       " is past the end of the window (",
       window.size(),
       " bytes)");
+  return window
+             .lsaBases([&] { return lsaBases(comm, window.get(), team.size); })
+             .at(lsaRank) +
+         offset;
+}
+
+std::vector<uintptr_t>
+lsaBases(Communicator& comm, ncclWindow_t window, int lsaSize) {
   static const auto query = hostQuery<LsaPointerFn>("ncclGetLsaDevicePointer");
   if (query) {
-    void* ptr = nullptr;
-    NCCL_CORE_CHECK(query(window.get(), offset, lsaRank, &ptr));
-    return reinterpret_cast<uintptr_t>(ptr);
+    std::vector<uintptr_t> bases(lsaSize);
+    for (int r = 0; r < lsaSize; ++r) {
+      void* ptr = nullptr;
+      NCCL_CORE_CHECK(query(window, 0, r, &ptr));
+      bases[r] = reinterpret_cast<uintptr_t>(ptr);
+    }
+    return bases;
   }
-  const std::vector<uintptr_t> bases =
-      detail::readLsaBases(window.get(), team.size, comm.device());
+  std::vector<uintptr_t> bases =
+      detail::readLsaBases(window, lsaSize, comm.device());
   if (bases.empty()) {
     refuseOldRuntime("reading window addresses");
   }
-  return bases[lsaRank] + offset;
+  return bases;
 }
 
 std::optional<uintptr_t>

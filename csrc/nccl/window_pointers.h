@@ -34,6 +34,10 @@ uintptr_t lsaPointer(
     int lsaRank,
     size_t offset);
 
+// Base address of every LSA rank's part of `window`, as mapped on this rank.
+std::vector<uintptr_t>
+lsaBases(Communicator& comm, ncclWindow_t window, int lsaSize);
+
 // Address of world rank `peer`'s part; nullopt when it is not LSA-reachable.
 std::optional<uintptr_t>
 peerPointer(Communicator& comm, const Window& window, int peer, size_t offset);

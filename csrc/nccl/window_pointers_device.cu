@@ -1,6 +1,7 @@
 // The device-API half of window_pointers: team queries, and on NCCL 2.28
 // builds a kernel that reads window addresses the 2.28 host API cannot give.
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <nccl_device.h>
@@ -33,6 +34,13 @@ readLsaBases(ncclWindow_t window, int lsaSize, int device) {
   if (runtime.major != NCCL_MAJOR || runtime.minor != NCCL_MINOR) {
     return {};
   }
+  // Host allocations and synchronisation cannot be captured.
+  TORCH_CHECK(
+      c10::cuda::currentStreamCaptureStatusMayInitCtx() ==
+          c10::cuda::CaptureStatus::None,
+      "nccl_core: window addresses cannot be read while a CUDA graph is being "
+      "captured (NCCL 2.28 reads them with a kernel); use the window once "
+      "before capturing");
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   // A side stream, so a capture on the caller's stream is not disturbed; the
   // kernel writes straight into mapped host memory.

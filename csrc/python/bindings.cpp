@@ -249,6 +249,7 @@ PYBIND11_MODULE(_C, m) {
   bindOptions(m);
   bindMemory(m);
   bindCommunicator(m);
+  bindOneSided(m);
   bindGroupOptions(m);
   bindBackend(m);
   m.def(

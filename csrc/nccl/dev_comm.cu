@@ -1,0 +1,166 @@
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+#include <dlfcn.h>
+#include <nccl_device.h>
+
+#include "nccl/communicator.h"
+#include "nccl/dev_comm.h"
+#include "nccl/errors.h"
+#include "nccl/version.h"
+
+namespace nccl_core {
+
+namespace {
+
+void requireBuildRelease(const char* what) {
+  const NcclVersion& runtime = runtimeVersion();
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      runtime.major == NCCL_MAJOR && runtime.minor == NCCL_MINOR,
+      "nccl_core: ",
+      what,
+      " needs the NCCL release this extension was built against (",
+      NCCL_MAJOR,
+      ".",
+      NCCL_MINOR,
+      "), but NCCL ",
+      runtime.major,
+      ".",
+      runtime.minor,
+      " is loaded: the device API's structures differ between releases");
+}
+
+const ncclDevComm_t& devCommOf(const std::shared_ptr<void>& devComm) {
+  return *static_cast<const ncclDevComm_t*>(devComm.get());
+}
+
+ncclDevCommRequirements_t defaultRequirements() {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 0)
+  return NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER;
+#else
+  return ncclDevCommRequirements_t{}; // 2.28: zero means NCCL's default
+#endif
+}
+
+void setField(
+    ncclDevCommRequirements_t& r,
+    const std::string& name,
+    int64_t value) {
+  const int v = static_cast<int>(value);
+  if (name == "lsa_multimem") {
+    r.lsaMultimem = v != 0;
+  } else if (name == "barrier_count") {
+    r.barrierCount = v;
+  } else if (name == "lsa_barrier_count") {
+    r.lsaBarrierCount = v;
+  } else if (name == "rail_gin_barrier_count") {
+    r.railGinBarrierCount = v;
+  } else if (name == "lsa_ll_a2a_block_count") {
+    r.lsaLLA2ABlockCount = v;
+  } else if (name == "lsa_ll_a2a_slot_count") {
+    r.lsaLLA2ASlotCount = v;
+  } else if (name == "gin_force_enable") {
+    r.ginForceEnable = v != 0;
+  } else if (name == "gin_context_count") {
+    r.ginContextCount = v;
+  } else if (name == "gin_signal_count") {
+    r.ginSignalCount = v;
+  } else if (name == "gin_counter_count") {
+    r.ginCounterCount = v;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 0)
+  } else if (name == "gin_connection_type") {
+    r.ginConnectionType = static_cast<ncclGinConnectionType_t>(v);
+  } else if (name == "gin_exclusive_contexts") {
+    r.ginExclusiveContexts = v != 0;
+  } else if (name == "gin_queue_depth") {
+    r.ginQueueDepth = v;
+  } else if (name == "gin_traffic_class") {
+    r.ginTrafficClass = v;
+  } else if (name == "world_gin_barrier_count") {
+    r.worldGinBarrierCount = v;
+  } else if (name == "gin_strong_signals_required") {
+    r.ginStrongSignalsRequired = v != 0;
+  } else if (name == "gin_va_signals_required") {
+    r.ginVaSignalsRequired = v != 0;
+#endif
+  } else {
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        false,
+        "nccl_core create_dev_comm: requirement '",
+        name,
+        "' is not in the NCCL ",
+        NCCL_MAJOR,
+        ".",
+        NCCL_MINOR,
+        " this extension was built against (it may need a newer NCCL)");
+  }
+}
+
+} // namespace
+
+DevComm::DevComm(
+    std::weak_ptr<Communicator> comm,
+    std::shared_ptr<void> devComm)
+    : CommResource(std::move(comm), std::nullopt),
+      devComm_(std::move(devComm)) {}
+
+uintptr_t DevComm::ptr() const {
+  requireValid();
+  return reinterpret_cast<uintptr_t>(devComm_.get());
+}
+
+int DevComm::lsaRank() const {
+  requireValid();
+  return devCommOf(devComm_).lsaRank;
+}
+
+int DevComm::lsaSize() const {
+  requireValid();
+  return devCommOf(devComm_).lsaSize;
+}
+
+void DevComm::release(ncclComm_t comm) noexcept {
+  NCCL_CORE_WARN(ncclDevCommDestroy(comm, &devCommOf(devComm_)));
+}
+
+std::shared_ptr<DevComm> createDevComm(
+    Communicator& comm,
+    const std::map<std::string, int64_t>& requirements) {
+  requireBuildRelease("create_dev_comm");
+  ncclDevCommRequirements_t r = defaultRequirements();
+  for (const auto& [name, value] : requirements) {
+    setField(r, name, value);
+  }
+  auto devComm = std::make_shared<ncclDevComm_t>();
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(comm.device()));
+  comm.check(
+      ncclDevCommCreate(comm.get(), &r, devComm.get()), "ncclDevCommCreate");
+  return comm.adoptDevComm(std::static_pointer_cast<void>(devComm));
+}
+
+int ginType(Communicator& comm, bool railed) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 0)
+  requireBuildRelease("gin_type");
+  // Looked up at run time: the extension links only NCCL 2.28 symbols, so
+  // that one build also loads on NCCL 2.28.
+  using QueryFn = ncclResult_t (*)(ncclComm_t, ncclCommProperties_t*);
+  static const auto query =
+      reinterpret_cast<QueryFn>(dlsym(RTLD_DEFAULT, "ncclCommQueryProperties"));
+  TORCH_CHECK(
+      query != nullptr, "nccl_core: NCCL has no ncclCommQueryProperties");
+  ncclCommProperties_t props = NCCL_COMM_PROPERTIES_INITIALIZER;
+  NCCL_CORE_CHECK(query(comm.get(), &props));
+  return static_cast<int>(railed ? props.railedGinType : props.ginType);
+#else
+  (void)comm;
+  (void)railed;
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      false,
+      "nccl_core gin_type needs NCCL >= 2.29 (ncclCommQueryProperties); this "
+      "extension was built against NCCL ",
+      NCCL_MAJOR,
+      ".",
+      NCCL_MINOR);
+#endif
+}
+
+} // namespace nccl_core

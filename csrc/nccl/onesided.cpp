@@ -1,0 +1,258 @@
+#include "nccl/onesided.h"
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+#include <c10/util/env.h>
+#include <dlfcn.h>
+
+#include "nccl/communicator.h"
+#include "nccl/errors.h"
+#include "nccl/memory.h"
+#include "nccl/version.h"
+#include "nccl/window_pointers.h"
+
+namespace nccl_core {
+
+namespace {
+
+// NCCL >= 2.29's host API, looked up at run time (the extension links only
+// NCCL 2.28 symbols).
+struct HostApi {
+  using PutSignalFn = ncclResult_t (*)(
+      const void*,
+      size_t,
+      ncclDataType_t,
+      int,
+      ncclWindow_t,
+      size_t,
+      int,
+      int,
+      unsigned int,
+      ncclComm_t,
+      cudaStream_t);
+  using SignalFn =
+      ncclResult_t (*)(int, int, int, unsigned int, ncclComm_t, cudaStream_t);
+  // ncclWaitSignalDesc_t: {opCnt, peer, sigIdx, ctx}.
+  struct Desc {
+    int opCnt;
+    int peer;
+    int sigIdx;
+    int ctx;
+  };
+  using WaitSignalFn = ncclResult_t (*)(int, Desc*, ncclComm_t, cudaStream_t);
+
+  PutSignalFn putSignal = nullptr;
+  SignalFn signal = nullptr;
+  WaitSignalFn waitSignal = nullptr;
+
+  bool available() const {
+    return putSignal != nullptr && signal != nullptr && waitSignal != nullptr;
+  }
+};
+
+const HostApi& hostApi() {
+  static const HostApi api = [] {
+    HostApi found;
+    if (hasFeature(Feature::HostOneSided)) {
+      found.putSignal = reinterpret_cast<HostApi::PutSignalFn>(
+          dlsym(RTLD_DEFAULT, "ncclPutSignal"));
+      found.signal = reinterpret_cast<HostApi::SignalFn>(
+          dlsym(RTLD_DEFAULT, "ncclSignal"));
+      found.waitSignal = reinterpret_cast<HostApi::WaitSignalFn>(
+          dlsym(RTLD_DEFAULT, "ncclWaitSignal"));
+    }
+    return found;
+  }();
+  return api;
+}
+
+// The LSA rank of `peer`, or NotImplementedError saying what would reach it.
+int loadStorePeer(Communicator& comm, int peer, const char* otherwise) {
+  const std::optional<int> lsaRank = lsaRankOf(comm, peer);
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      lsaRank.has_value(),
+      "nccl_core one-sided: peer ",
+      peer,
+      " is not load/store reachable from this rank (no NVLink or PCIe P2P "
+      "mapping); ",
+      otherwise);
+  return *lsaRank;
+}
+
+constexpr const char* kNeedsHostApi =
+    "one-sided operations to it need NCCL >= 2.29";
+
+// The copy engine writes `src` straight into `peer`'s part of `window`
+// through this rank's mapping of it; no SM is used.
+void copyToPeer(
+    Communicator& comm,
+    const void* src,
+    size_t bytes,
+    int peer,
+    const Window& window,
+    size_t offsetBytes,
+    const char* otherwise,
+    cudaStream_t stream) {
+  const int lsaRank = loadStorePeer(comm, peer, otherwise);
+  const uintptr_t base = window.lsaBases([&] {
+    return lsaBases(comm, window.get(), lsaTeam(comm).size);
+  })[lsaRank];
+  C10_CUDA_CHECK(cudaMemcpyAsync(
+      reinterpret_cast<void*>(base + offsetBytes),
+      src,
+      bytes,
+      cudaMemcpyDeviceToDevice,
+      stream));
+}
+
+SignalWindow& signalWindowOf(Communicator& comm) {
+  SignalWindow* window = comm.signalWindow();
+  TORCH_CHECK(
+      window != nullptr,
+      "nccl_core one-sided: register a window on this communicator first (its "
+      "registration also sets up the signals)");
+  return *window;
+}
+
+} // namespace
+
+OneSidedEngine oneSidedEngine() {
+  static const OneSidedEngine engine = [] {
+    const auto value = c10::utils::get_env("TORCH_NCCL_CORE_ONE_SIDED_ENGINE");
+    const std::string choice = value.value_or("auto");
+    TORCH_CHECK_VALUE(
+        choice == "auto" || choice == "nccl" || choice == "load_store",
+        "TORCH_NCCL_CORE_ONE_SIDED_ENGINE must be auto, nccl or load_store, "
+        "got '",
+        choice,
+        "'");
+    if (choice == "load_store") {
+      return OneSidedEngine::LoadStore;
+    }
+    const bool host = hostApi().available();
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        host || choice == "auto",
+        "TORCH_NCCL_CORE_ONE_SIDED_ENGINE=nccl needs NCCL >= 2.29 at run time "
+        "(ncclPutSignal)");
+    return host ? OneSidedEngine::Host : OneSidedEngine::LoadStore;
+  }();
+  return engine;
+}
+
+SignalWindow::SignalWindow(Communicator& comm) {
+  const size_t bytes = 2 * sizeof(uint64_t) * comm.size();
+  memory_ = ncclAllocator(static_cast<c10::DeviceIndex>(comm.device()))
+                ->allocate(bytes);
+  C10_CUDA_CHECK(cudaMemset(memory_.get(), 0, bytes));
+  const ncclWindow_t window =
+      comm.registerInternalWindow(memory_.get(), bytes / 2);
+  const int lsaSize = lsaTeam(comm).size;
+  const std::vector<uintptr_t> bases = lsaBases(comm, window, lsaSize);
+  peerInbox_.assign(comm.size(), 0);
+  for (int peer = 0; peer < comm.size(); ++peer) {
+    if (auto lsaRank = lsaRankOf(comm, peer)) {
+      peerInbox_[peer] = bases.at(*lsaRank);
+    }
+  }
+  self_ = comm.rank();
+}
+
+uint64_t* SignalWindow::remoteCounter(int peer) const {
+  return reinterpret_cast<uint64_t*>(peerInbox_.at(peer)) + self_;
+}
+
+uint64_t* SignalWindow::inbox() const {
+  return static_cast<uint64_t*>(memory_.get());
+}
+
+uint64_t* SignalWindow::consumed() const {
+  return inbox() + peerInbox_.size();
+}
+
+void putSignal(
+    Communicator& comm,
+    const void* src,
+    size_t count,
+    ncclDataType_t dtype,
+    size_t bytes,
+    int peer,
+    const Window& window,
+    size_t offsetBytes,
+    cudaStream_t stream) {
+  comm.get();   // an aborted communicator has unmapped its windows
+  window.get(); // so has a closed window
+  if (oneSidedEngine() == OneSidedEngine::Host) {
+    // NCCL reads the source zero-copy from a COLL_SYMMETRIC window only.
+    if (comm.inSymmetricWindow(src, bytes)) {
+      comm.check(
+          hostApi().putSignal(
+              src,
+              count,
+              dtype,
+              peer,
+              window.get(),
+              offsetBytes,
+              0,
+              0,
+              0,
+              comm.get(),
+              stream),
+          "ncclPutSignal");
+      return;
+    }
+    // Other sources are copied to load/store peers directly, then signalled.
+    copyToPeer(
+        comm,
+        src,
+        bytes,
+        peer,
+        window,
+        offsetBytes,
+        "put_signal to it needs `src` inside a COLL_SYMMETRIC window of this "
+        "communicator (NCCL's ncclPutSignal reads only such memory)",
+        stream);
+    signal(comm, peer, stream);
+    return;
+  }
+  copyToPeer(
+      comm, src, bytes, peer, window, offsetBytes, kNeedsHostApi, stream);
+  detail::launchSignal(signalWindowOf(comm).remoteCounter(peer), stream);
+}
+
+void signal(Communicator& comm, int peer, cudaStream_t stream) {
+  if (oneSidedEngine() == OneSidedEngine::Host) {
+    comm.check(
+        hostApi().signal(peer, 0, 0, 0, comm.get(), stream), "ncclSignal");
+    return;
+  }
+  comm.get();
+  loadStorePeer(comm, peer, kNeedsHostApi);
+  detail::launchSignal(signalWindowOf(comm).remoteCounter(peer), stream);
+}
+
+void waitSignal(
+    Communicator& comm,
+    const std::vector<WaitSignalDesc>& descs,
+    cudaStream_t stream) {
+  if (oneSidedEngine() == OneSidedEngine::Host) {
+    std::vector<HostApi::Desc> nccl;
+    nccl.reserve(descs.size());
+    for (const auto& d : descs) {
+      nccl.push_back({d.opCount, d.peer, d.signalIndex, d.context});
+    }
+    comm.check(
+        hostApi().waitSignal(
+            static_cast<int>(nccl.size()), nccl.data(), comm.get(), stream),
+        "ncclWaitSignal");
+    return;
+  }
+  comm.get();
+  for (const auto& d : descs) {
+    loadStorePeer(comm, d.peer, kNeedsHostApi);
+  }
+  const SignalWindow& signals = signalWindowOf(comm);
+  detail::launchWait(signals.inbox(), signals.consumed(), descs, stream);
+}
+
+} // namespace nccl_core

@@ -1,0 +1,82 @@
+// One-sided operations on windows (seed 003): put_signal, signal and
+// wait_signal, with two engines behind one behaviour.
+//  - Host: NCCL >= 2.29's ncclPutSignal / ncclSignal / ncclWaitSignal.
+//  - LoadStore (NCCL 2.28, LSA peers): the copy engine writes the data
+//    through the window's peer mapping, and one-thread kernels raise and wait
+//    on signal counters in a signal window every rank registered together.
+//    Counters live in device memory, so captured CUDA graphs replay with the
+//    same meaning (each replay signals and consumes afresh).
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <c10/core/Allocator.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace nccl_core {
+
+class Communicator;
+class Window;
+
+struct WaitSignalDesc {
+  int peer;
+  int opCount = 1;
+  int signalIndex = 0;
+  int context = 0;
+};
+
+enum class OneSidedEngine { Host, LoadStore };
+
+// TORCH_NCCL_CORE_ONE_SIDED_ENGINE: "auto" (Host where the runtime has it),
+// "nccl" or "load_store"; refused when the runtime cannot run the choice.
+OneSidedEngine oneSidedEngine();
+
+// The per-communicator state of the LoadStore engine: its signal window.
+class SignalWindow {
+ public:
+  // Collective over `comm`: every rank allocates and registers its inbox.
+  explicit SignalWindow(Communicator& comm);
+  SignalWindow(const SignalWindow&) = delete;
+  SignalWindow& operator=(const SignalWindow&) = delete;
+
+  // This rank's counter at `peer` (what `peer` waits on for us).
+  uint64_t* remoteCounter(int peer) const;
+  uint64_t* inbox() const;
+  uint64_t* consumed() const;
+
+ private:
+  c10::DataPtr memory_;              // inbox[size] then consumed[size]
+  std::vector<uintptr_t> peerInbox_; // each peer's inbox, mapped here
+  int self_ = 0;
+};
+
+void putSignal(
+    Communicator& comm,
+    const void* src,
+    size_t count,
+    ncclDataType_t dtype,
+    size_t bytes,
+    int peer,
+    const Window& window,
+    size_t offsetBytes,
+    cudaStream_t stream);
+void signal(Communicator& comm, int peer, cudaStream_t stream);
+void waitSignal(
+    Communicator& comm,
+    const std::vector<WaitSignalDesc>& descs,
+    cudaStream_t stream);
+
+namespace detail {
+// onesided_kernels.cu
+void launchSignal(uint64_t* counter, cudaStream_t stream);
+void launchWait(
+    const uint64_t* inbox,
+    uint64_t* consumed,
+    const std::vector<WaitSignalDesc>& descs,
+    cudaStream_t stream);
+} // namespace detail
+
+} // namespace nccl_core

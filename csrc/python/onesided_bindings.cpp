@@ -1,0 +1,244 @@
+// pybind11: the one-sided methods of torch_nccl_core.Communicator (seed 003)
+// and WaitSignalDesc. Arguments are checked here, before any NCCL call.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <c10/cuda/CUDAStream.h>
+
+#include "backend/dispatch.h"
+#include "nccl/communicator.h"
+#include "nccl/dev_comm.h"
+#include "nccl/onesided.h"
+#include "python/communicator_bindings.h"
+
+namespace py = pybind11;
+
+namespace nccl_core {
+
+namespace {
+
+// None (the current stream), a torch.cuda.Stream, an object with
+// __cuda_stream__, or a raw cudaStream_t as an int.
+cudaStream_t streamOf(const py::object& stream, int device) {
+  if (stream.is_none()) {
+    return c10::cuda::getCurrentCUDAStream(
+               static_cast<c10::DeviceIndex>(device))
+        .stream();
+  }
+  if (py::hasattr(stream, "cuda_stream")) {
+    return reinterpret_cast<cudaStream_t>(
+        stream.attr("cuda_stream").cast<uintptr_t>());
+  }
+  if (py::hasattr(stream, "__cuda_stream__")) {
+    const auto protocol = stream.attr("__cuda_stream__")().cast<py::tuple>();
+    return reinterpret_cast<cudaStream_t>(protocol[1].cast<uintptr_t>());
+  }
+  TORCH_CHECK_TYPE(
+      py::isinstance<py::int_>(stream),
+      "nccl_core one-sided: stream must be None, a torch.cuda.Stream, an "
+      "object with __cuda_stream__ or a stream handle (int), got ",
+      py::str(py::type::of(stream)).cast<std::string>());
+  return reinterpret_cast<cudaStream_t>(stream.cast<uintptr_t>());
+}
+
+void checkPeer(const Communicator& comm, int peer, const char* op) {
+  TORCH_CHECK_VALUE(
+      peer >= 0 && peer < comm.size() && peer != comm.rank(),
+      "nccl_core ",
+      op,
+      ": peer must be another rank, 0 <= peer < ",
+      comm.size(),
+      " and != ",
+      comm.rank(),
+      ", got ",
+      peer);
+}
+
+void checkReserved(int signalIndex, int context, int flags, const char* op) {
+  TORCH_CHECK_VALUE(
+      signalIndex == 0 && context == 0 && flags == 0,
+      "nccl_core ",
+      op,
+      ": signal_index, context and flags must be 0 (NCCL reserves them), got ",
+      signalIndex,
+      ", ",
+      context,
+      " and ",
+      flags);
+}
+
+void putSignalChecked(
+    Communicator& comm,
+    const at::Tensor& src,
+    int peer,
+    const Window& window,
+    int64_t offset,
+    int signalIndex,
+    int context,
+    int flags,
+    const py::object& stream) {
+  constexpr const char* kOp = "put_signal";
+  checkPeer(comm, peer, kOp);
+  checkReserved(signalIndex, context, flags, kOp);
+  TORCH_CHECK_VALUE(
+      src.defined() && src.is_cuda(),
+      "nccl_core put_signal: src must be a CUDA tensor");
+  checkTensor(src, static_cast<c10::DeviceIndex>(comm.device()), kOp, "src");
+  const NcclBuffer buf = bufferOf(src, kOp);
+  TORCH_CHECK_VALUE(
+      offset >= 0, "nccl_core put_signal: offset must be >= 0, got ", offset);
+  const size_t bytes = src.nbytes();
+  const size_t offsetBytes = static_cast<size_t>(offset) * src.element_size();
+  const size_t windowBytes = window.size(); // raises if closed
+  TORCH_CHECK_VALUE(
+      offsetBytes + bytes <= windowBytes,
+      "nccl_core put_signal: ",
+      bytes,
+      " bytes at element offset ",
+      offset,
+      " overrun the window (",
+      windowBytes,
+      " bytes)");
+  window.get();
+  const cudaStream_t cudaStream = streamOf(stream, comm.device());
+  py::gil_scoped_release noGil;
+  putSignal(
+      comm,
+      buf.ptr,
+      buf.count,
+      buf.dtype,
+      bytes,
+      peer,
+      window,
+      offsetBytes,
+      cudaStream);
+}
+
+std::vector<WaitSignalDesc> descsOf(const py::object& descs) {
+  if (py::isinstance<WaitSignalDesc>(descs)) {
+    return {descs.cast<WaitSignalDesc>()};
+  }
+  TORCH_CHECK_TYPE(
+      py::isinstance<py::sequence>(descs),
+      "nccl_core wait_signal: expected a WaitSignalDesc or a sequence of them");
+  return descs.cast<std::vector<WaitSignalDesc>>();
+}
+
+py::object ginTypeOf(Communicator& comm, bool railed) {
+  const int value = ginType(comm, railed);
+  return py::module_::import("torch_nccl_core.dev_comm").attr("GinType")(value);
+}
+
+} // namespace
+
+void bindOneSided(py::module_& m) {
+  py::class_<DevComm, CommResource, std::shared_ptr<DevComm>>(
+      m, "DevComm", "A device communicator (ncclDevComm) of a communicator.")
+      .def_property_readonly("ptr", &DevComm::ptr)
+      .def_property_readonly("lsa_rank", &DevComm::lsaRank)
+      .def_property_readonly("lsa_size", &DevComm::lsaSize);
+
+  py::class_<WaitSignalDesc>(
+      m, "WaitSignalDesc", "Wait for op_count signals from peer.")
+      .def(
+          py::init([](int peer, int opCount, int signalIndex, int context) {
+            TORCH_CHECK_VALUE(
+                opCount >= 1,
+                "WaitSignalDesc: op_count must be >= 1, got ",
+                opCount);
+            return WaitSignalDesc{peer, opCount, signalIndex, context};
+          }),
+          py::arg("peer"),
+          py::arg("op_count") = 1,
+          py::arg("signal_index") = 0,
+          py::arg("context") = 0)
+      .def_readonly("peer", &WaitSignalDesc::peer)
+      .def_readonly("op_count", &WaitSignalDesc::opCount)
+      .def_readonly("signal_index", &WaitSignalDesc::signalIndex)
+      .def_readonly("context", &WaitSignalDesc::context);
+
+  auto cls = py::reinterpret_borrow<
+      py::class_<Communicator, std::shared_ptr<Communicator>>>(
+      m.attr("Communicator"));
+  cls.def(
+         "put_signal",
+         &putSignalChecked,
+         py::arg("src"),
+         py::arg("peer"),
+         py::arg("window"),
+         py::arg("offset") = 0,
+         py::arg("signal_index") = 0,
+         py::arg("context") = 0,
+         py::arg("flags") = 0,
+         py::kw_only(),
+         py::arg("stream") = py::none(),
+         "Copies src into peer's part of window at offset (in elements of "
+         "src) and raises one signal at peer.")
+      .def(
+          "signal",
+          [](Communicator& comm,
+             int peer,
+             int signalIndex,
+             int context,
+             int flags,
+             const py::object& stream) {
+            checkPeer(comm, peer, "signal");
+            checkReserved(signalIndex, context, flags, "signal");
+            const cudaStream_t cudaStream = streamOf(stream, comm.device());
+            py::gil_scoped_release noGil;
+            signal(comm, peer, cudaStream);
+          },
+          py::arg("peer"),
+          py::arg("signal_index") = 0,
+          py::arg("context") = 0,
+          py::arg("flags") = 0,
+          py::kw_only(),
+          py::arg("stream") = py::none())
+      .def(
+          "wait_signal",
+          [](Communicator& comm,
+             const py::object& descs,
+             const py::object& stream) {
+            const std::vector<WaitSignalDesc> list = descsOf(descs);
+            TORCH_CHECK_VALUE(
+                !list.empty(), "nccl_core wait_signal: no descriptors");
+            for (const auto& d : list) {
+              checkPeer(comm, d.peer, "wait_signal");
+              checkReserved(d.signalIndex, d.context, 0, "wait_signal");
+            }
+            const cudaStream_t cudaStream = streamOf(stream, comm.device());
+            py::gil_scoped_release noGil;
+            waitSignal(comm, list, cudaStream);
+          },
+          py::arg("descs"),
+          py::kw_only(),
+          py::arg("stream") = py::none())
+      .def(
+          "create_dev_comm",
+          [](Communicator& comm, const py::object& requirements) {
+            std::map<std::string, int64_t> fields;
+            if (!requirements.is_none()) {
+              TORCH_CHECK_TYPE(
+                  py::hasattr(requirements, "_nccl_fields"),
+                  "nccl_core create_dev_comm: requirements must be a "
+                  "torch_nccl_core.DevCommRequirements or None");
+              fields = requirements.attr("_nccl_fields")()
+                           .cast<std::map<std::string, int64_t>>();
+            }
+            py::gil_scoped_release noGil;
+            return createDevComm(comm, fields);
+          },
+          py::arg("requirements") = py::none(),
+          "Creates a device communicator (collective).")
+      .def_property_readonly(
+          "gin_type", [](Communicator& comm) { return ginTypeOf(comm, false); })
+      .def_property_readonly("railed_gin_type", [](Communicator& comm) {
+        return ginTypeOf(comm, true);
+      });
+  m.def("one_sided_engine", [] {
+    return oneSidedEngine() == OneSidedEngine::Host ? "nccl" : "load_store";
+  });
+}
+
+} // namespace nccl_core

@@ -1,0 +1,166 @@
+"""One-sided operations: put_signal, signal and wait_signal on windows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import torch_nccl_core
+from torch_nccl_core import WaitSignalDesc, WindowFlag
+
+from .helpers import assert_equal, rank_tensor
+
+NUMEL = 4096
+
+
+def _window(numel: int = 4 * NUMEL, flags: WindowFlag = WindowFlag.DEFAULT):
+    buf = torch_nccl_core.empty(numel, window=True, window_flags=flags)
+    buf.zero_()
+    torch.cuda.synchronize()
+    dist.barrier()
+    return buf, torch_nccl_core.communicator().find_window(buf)
+
+
+@pytest.mark.parametrize("stream_kind", ["current", "torch", "int", "protocol"])
+def test_put_signal_ring(rank, world_size, stream_kind):
+    comm = torch_nccl_core.communicator()
+    buf, window = _window()
+    peer, source = (rank + 1) % world_size, (rank - 1) % world_size
+    side = torch.cuda.Stream()
+    stream = {
+        "current": None,
+        "torch": side,
+        "int": side.cuda_stream,
+        "protocol": type("S", (), {"__cuda_stream__": lambda self: (0, side.cuda_stream)})(),
+    }[stream_kind]
+    src = rank_tensor(NUMEL, torch.float32, rank)
+    if stream_kind != "current":
+        side.wait_stream(torch.cuda.current_stream())
+    comm.put_signal(src, peer, window, offset=NUMEL, stream=stream)
+    comm.wait_signal(WaitSignalDesc(source), stream=stream)
+    if stream_kind != "current":
+        torch.cuda.current_stream().wait_stream(side)
+    received = buf[NUMEL : 2 * NUMEL].clone()
+    untouched = buf[:NUMEL].clone()
+    torch.cuda.synchronize()
+    dist.barrier()
+    assert_equal(received, rank_tensor(NUMEL, torch.float32, source))
+    assert_equal(untouched, torch.zeros(NUMEL, device="cuda"))
+
+
+@pytest.mark.parametrize("flags", [WindowFlag.DEFAULT, WindowFlag.COLL_SYMMETRIC])
+def test_put_signal_from_window_memory(rank, world_size, flags):
+    """A source inside a window lands too (NCCL >= 2.29 reads symmetric ones in place)."""
+    comm = torch_nccl_core.communicator()
+    buf, window = _window(flags=flags)
+    peer, source = (rank + 1) % world_size, (rank - 1) % world_size
+    buf[:NUMEL].copy_(rank_tensor(NUMEL, torch.float32, rank))
+    comm.put_signal(buf[:NUMEL], peer, window, offset=NUMEL)
+    comm.wait_signal(WaitSignalDesc(source))
+    received = buf[NUMEL : 2 * NUMEL].clone()
+    torch.cuda.synchronize()
+    dist.barrier()
+    assert_equal(received, rank_tensor(NUMEL, torch.float32, source))
+
+
+def test_signals_count(rank, world_size):
+    """Several puts, one wait of op_count=n; then waits in a loop."""
+    comm = torch_nccl_core.communicator()
+    buf, window = _window()
+    peer, source = (rank + 1) % world_size, (rank - 1) % world_size
+    parts = 4
+    for i in range(parts):
+        chunk = rank_tensor(NUMEL // parts, torch.float32, rank, salt=i)
+        comm.put_signal(chunk, peer, window, offset=i * (NUMEL // parts))
+    comm.wait_signal([WaitSignalDesc(source, op_count=parts)])
+    first = buf[:NUMEL].clone()
+    for _ in range(10):
+        comm.signal(peer)
+        comm.wait_signal(WaitSignalDesc(source))
+    torch.cuda.synchronize()
+    dist.barrier()
+    expected = torch.cat(
+        [rank_tensor(NUMEL // parts, torch.float32, source, salt=i) for i in range(parts)]
+    )
+    assert_equal(first, expected)
+
+
+def test_one_sided_refuses_bad_input(rank, world_size):
+    comm = torch_nccl_core.communicator()
+    _buf, window = _window(NUMEL)  # _buf keeps the window's memory alive
+    peer = (rank + 1) % world_size
+    src = torch.ones(NUMEL, device="cuda")
+    with pytest.raises(ValueError, match="another rank"):
+        comm.put_signal(src, rank, window)
+    with pytest.raises(ValueError, match="another rank"):
+        comm.signal(world_size)
+    with pytest.raises(ValueError, match="overrun"):
+        comm.put_signal(src, peer, window, offset=1)
+    with pytest.raises(ValueError, match="must be 0"):
+        comm.put_signal(src[:4], peer, window, signal_index=1)
+    with pytest.raises(ValueError, match="contiguous"):
+        comm.put_signal(torch.ones(8, 8, device="cuda").t(), peer, window)
+    with pytest.raises(ValueError, match="CUDA"):
+        comm.put_signal(torch.ones(4), peer, window)
+    with pytest.raises(TypeError, match="stream"):
+        comm.signal(peer, stream="fast")
+    with pytest.raises(ValueError, match="op_count"):
+        WaitSignalDesc(peer, op_count=0)
+    dist.barrier()
+    window.close()
+    with pytest.raises(RuntimeError, match="was closed"):
+        comm.put_signal(src[:4], peer, window)
+
+
+def test_dev_comm_lifecycle(rank, world_size):
+    comm = torch_nccl_core.communicator()
+    dev = comm.create_dev_comm(torch_nccl_core.DevCommRequirements(lsa_barrier_count=1))
+    default = comm.create_dev_comm()
+    info = (dev.ptr != 0, dev.lsa_rank, dev.lsa_size, dev.is_valid)
+    dev.close()
+    dev.close()
+    assert info == (True, rank, world_size, True)
+    assert not dev.is_valid
+    assert default.is_valid  # closing one leaves the other
+    with pytest.raises(RuntimeError, match="was closed"):
+        dev.ptr  # noqa: B018
+    with pytest.raises(TypeError, match="DevCommRequirements"):
+        comm.create_dev_comm({"lsa_barrier_count": 1})
+    default.close()
+
+
+def test_gin_type_by_nccl_version():
+    """NCCL >= 2.29 reports the GIN transport (the suite builds against the runtime's headers)."""
+    comm = torch_nccl_core.communicator()
+    if torch_nccl_core.nccl_version() >= (2, 29, 0):
+        assert isinstance(comm.gin_type, torch_nccl_core.GinType)
+        assert isinstance(comm.railed_gin_type, torch_nccl_core.GinType)
+    else:
+        with pytest.raises(NotImplementedError, match=r"2\.29"):
+            comm.gin_type  # noqa: B018
+
+
+def test_device_kernel_example_exchanges_through_lsa(rank, world_size):
+    """examples/device_kernel: a kernel that exchanges data itself, with an LSA barrier."""
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples/device_kernel"))
+    from build import build
+
+    module = build()  # both ranks: torch's build lock serialises the compile
+    dist.barrier()
+    comm = torch_nccl_core.communicator()
+    count = 1 << 14
+    buf = torch_nccl_core.empty(2 * count, window=True)
+    buf[:count].fill_(rank)
+    buf[count:].fill_(-1)
+    window = comm.find_window(buf)
+    dev = comm.create_dev_comm(torch_nccl_core.DevCommRequirements(lsa_barrier_count=1))
+    module.exchange(dev.ptr, window.handle, count, torch.cuda.current_stream().cuda_stream)
+    received = buf[count:].clone()
+    torch.cuda.synchronize()
+    dev.close()
+    dist.barrier()
+    assert torch.all(received == float((rank + 1) % world_size))
