@@ -270,18 +270,18 @@ Communicator::createPreMulSum(const void* hostScalar, ncclDataType_t dtype) {
 }
 
 void Communicator::prepareLoadStore(const Window& window) {
-  try {
-    if (signalWindow() == nullptr) {
-      auto signals = std::make_unique<SignalWindow>(*this);
-      std::lock_guard<std::mutex> lock(mutex_);
-      signalWindow_ = std::move(signals);
-    }
-    window.lsaBases(
-        [&] { return lsaBases(*this, window.get(), lsaTeam(*this).size); });
-  } catch (const c10::NotImplementedError&) {
-    // This build cannot read window addresses on this NCCL (the same on every
-    // rank): windows work, one-sided operations will say what they need.
+  if (!windowAddressesReadable()) {
+    // The same on every rank: windows work, one-sided operations will say
+    // what they need.
+    return;
   }
+  if (signalWindow() == nullptr) {
+    auto signals = std::make_unique<SignalWindow>(*this);
+    std::lock_guard<std::mutex> lock(mutex_);
+    signalWindow_ = std::move(signals);
+  }
+  window.lsaBases(
+      [&] { return lsaBases(*this, window.get(), lsaTeam(*this).size); });
 }
 
 SignalWindow* Communicator::signalWindow() {

@@ -1,6 +1,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 #include <dlfcn.h>
+
+#include <limits>
 #include <nccl_device.h>
 
 #include "nccl/communicator.h"
@@ -45,6 +47,12 @@ void setField(
     ncclDevCommRequirements_t& r,
     const std::string& name,
     int64_t value) {
+  TORCH_CHECK_VALUE(
+      value >= 0 && value <= std::numeric_limits<int>::max(),
+      "nccl_core create_dev_comm: requirement '",
+      name,
+      "' must be in [0, 2**31 - 1], got ",
+      value);
   const int v = static_cast<int>(value);
   if (name == "lsa_multimem") {
     r.lsaMultimem = v != 0;

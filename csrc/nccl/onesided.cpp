@@ -6,6 +6,8 @@
 #include <c10/util/env.h>
 #include <dlfcn.h>
 
+#include <limits>
+
 #include "nccl/communicator.h"
 #include "nccl/errors.h"
 #include "nccl/memory.h"
@@ -95,9 +97,11 @@ void copyToPeer(
     const char* otherwise,
     cudaStream_t stream) {
   const int lsaRank = loadStorePeer(comm, peer, otherwise);
-  const uintptr_t base = window.lsaBases([&] {
-    return lsaBases(comm, window.get(), lsaTeam(comm).size);
-  })[lsaRank];
+  const uintptr_t base =
+      window
+          .lsaBases(
+              [&] { return lsaBases(comm, window.get(), lsaTeam(comm).size); })
+          .at(lsaRank);
   C10_CUDA_CHECK(cudaMemcpyAsync(
       reinterpret_cast<void*>(base + offsetBytes),
       src,
@@ -116,6 +120,51 @@ SignalWindow& signalWindowOf(Communicator& comm) {
 }
 
 } // namespace
+
+void checkPeer(const Communicator& comm, int64_t peer, const char* op) {
+  TORCH_CHECK_VALUE(
+      peer >= 0 && peer < comm.size() && peer != comm.rank(),
+      "nccl_core ",
+      op,
+      ": peer must be another rank of the group, 0 <= peer < ",
+      comm.size(),
+      " and != ",
+      comm.rank(),
+      ", got ",
+      peer);
+}
+
+int checkedOpCount(int64_t count, const char* op) {
+  TORCH_CHECK_VALUE(
+      count >= 1 && count <= std::numeric_limits<int>::max(),
+      "nccl_core ",
+      op,
+      ": op_count must be in [1, 2**31 - 1], got ",
+      count);
+  return static_cast<int>(count);
+}
+
+size_t checkedOffsetBytes(
+    int64_t offset,
+    size_t bytes,
+    size_t elementSize,
+    size_t windowBytes,
+    const char* op) {
+  TORCH_CHECK_VALUE(
+      offset >= 0 && bytes <= windowBytes &&
+          static_cast<uint64_t>(offset) <= (windowBytes - bytes) / elementSize,
+      "nccl_core ",
+      op,
+      ": ",
+      bytes,
+      " bytes at element offset ",
+      offset,
+      " do not fit in the window (",
+      windowBytes,
+      " bytes); expected 0 <= offset and offset * element size + bytes <= "
+      "window size");
+  return static_cast<size_t>(offset) * elementSize;
+}
 
 OneSidedEngine oneSidedEngine() {
   static const OneSidedEngine engine = [] {
@@ -145,6 +194,9 @@ SignalWindow::SignalWindow(Communicator& comm) {
   memory_ = ncclAllocator(static_cast<c10::DeviceIndex>(comm.device()))
                 ->allocate(bytes);
   C10_CUDA_CHECK(cudaMemset(memory_.get(), 0, bytes));
+  // Zeroed before any peer can signal: registration below is collective, and
+  // a peer's first signal may follow it at once.
+  C10_CUDA_CHECK(cudaDeviceSynchronize());
   const ncclWindow_t window =
       comm.registerInternalWindow(memory_.get(), bytes / 2);
   const int lsaSize = lsaTeam(comm).size;
@@ -182,6 +234,11 @@ void putSignal(
     cudaStream_t stream) {
   comm.get();   // an aborted communicator has unmapped its windows
   window.get(); // so has a closed window
+  TORCH_CHECK_VALUE(
+      window.communicator().get() == &comm,
+      "nccl_core put_signal: the window belongs to another communicator; use "
+      "the communicator of the group that registered it");
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(comm.device()));
   if (oneSidedEngine() == OneSidedEngine::Host) {
     // NCCL reads the source zero-copy from a COLL_SYMMETRIC window only.
     if (comm.inSymmetricWindow(src, bytes)) {
@@ -221,6 +278,7 @@ void putSignal(
 }
 
 void signal(Communicator& comm, int peer, cudaStream_t stream) {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(comm.device()));
   if (oneSidedEngine() == OneSidedEngine::Host) {
     comm.check(
         hostApi().signal(peer, 0, 0, 0, comm.get(), stream), "ncclSignal");
@@ -235,6 +293,7 @@ void waitSignal(
     Communicator& comm,
     const std::vector<WaitSignalDesc>& descs,
     cudaStream_t stream) {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(comm.device()));
   if (oneSidedEngine() == OneSidedEngine::Host) {
     std::vector<HostApi::Desc> nccl;
     nccl.reserve(descs.size());

@@ -53,6 +53,19 @@ class SignalWindow {
   int self_ = 0;
 };
 
+// Argument checks shared by the Python methods and the torch ops; each raises
+// ValueError naming `op`.
+void checkPeer(const Communicator& comm, int64_t peer, const char* op);
+int checkedOpCount(int64_t count, const char* op);
+// `offset` elements of `elementSize` bytes into a window of `windowBytes`,
+// with room for `bytes` after it; computed without overflow.
+size_t checkedOffsetBytes(
+    int64_t offset,
+    size_t bytes,
+    size_t elementSize,
+    size_t windowBytes,
+    const char* op);
+
 void putSignal(
     Communicator& comm,
     const void* src,

@@ -42,6 +42,11 @@ Fn hostQuery(const char* name) {
       ")");
 }
 
+LsaPointerFn lsaPointerQuery() {
+  static const auto query = hostQuery<LsaPointerFn>("ncclGetLsaDevicePointer");
+  return query;
+}
+
 } // namespace
 
 LsaTeam lsaTeam(Communicator& comm) {
@@ -87,10 +92,13 @@ uintptr_t lsaPointer(
          offset;
 }
 
+bool windowAddressesReadable() {
+  return lsaPointerQuery() != nullptr || detail::canReadLsaBasesOnDevice();
+}
+
 std::vector<uintptr_t>
 lsaBases(Communicator& comm, ncclWindow_t window, int lsaSize) {
-  static const auto query = hostQuery<LsaPointerFn>("ncclGetLsaDevicePointer");
-  if (query) {
+  if (const auto query = lsaPointerQuery()) {
     std::vector<uintptr_t> bases(lsaSize);
     for (int r = 0; r < lsaSize; ++r) {
       void* ptr = nullptr;
@@ -99,12 +107,10 @@ lsaBases(Communicator& comm, ncclWindow_t window, int lsaSize) {
     }
     return bases;
   }
-  std::vector<uintptr_t> bases =
-      detail::readLsaBases(window, lsaSize, comm.device());
-  if (bases.empty()) {
+  if (!detail::canReadLsaBasesOnDevice()) {
     refuseOldRuntime("reading window addresses");
   }
-  return bases;
+  return detail::readLsaBases(window, lsaSize, comm.device());
 }
 
 std::optional<uintptr_t>

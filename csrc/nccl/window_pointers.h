@@ -34,6 +34,10 @@ uintptr_t lsaPointer(
     int lsaRank,
     size_t offset);
 
+// Whether this build can read window addresses on the loaded NCCL (>= 2.29's
+// host API, or 2.28's device API in a build against 2.28's headers).
+bool windowAddressesReadable();
+
 // Base address of every LSA rank's part of `window`, as mapped on this rank.
 std::vector<uintptr_t>
 lsaBases(Communicator& comm, ncclWindow_t window, int lsaSize);
@@ -48,8 +52,10 @@ std::optional<uintptr_t> multimemPointer(const Window& window, size_t offset);
 namespace detail {
 // Implemented in window_pointers_device.cu.
 LsaTeam queryLsaTeam(ncclComm_t comm);
-// Base address of every LSA rank's part of `window`, read on the device; an
-// empty vector when this build has no device-side reader for the runtime.
+// Whether readLsaBases works here: a build against the runtime's 2.28 headers.
+bool canReadLsaBasesOnDevice();
+// Base address of every LSA rank's part of `window`, read on the device;
+// needs canReadLsaBasesOnDevice().
 std::vector<uintptr_t>
 readLsaBases(ncclWindow_t window, int lsaSize, int device);
 } // namespace detail

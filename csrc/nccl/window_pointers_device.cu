@@ -27,13 +27,14 @@ readLsaBasesKernel(ncclWindow_t window, int lsaSize, uintptr_t* out) {
 }
 } // namespace
 
+bool canReadLsaBasesOnDevice() {
+  // The kernel reads the window with this build's header layout.
+  const NcclVersion& runtime = runtimeVersion();
+  return runtime.major == NCCL_MAJOR && runtime.minor == NCCL_MINOR;
+}
+
 std::vector<uintptr_t>
 readLsaBases(ncclWindow_t window, int lsaSize, int device) {
-  const NcclVersion& runtime = runtimeVersion();
-  // The kernel reads the window with this build's header layout.
-  if (runtime.major != NCCL_MAJOR || runtime.minor != NCCL_MINOR) {
-    return {};
-  }
   // Host allocations and synchronisation cannot be captured.
   TORCH_CHECK(
       c10::cuda::currentStreamCaptureStatusMayInitCtx() ==
@@ -63,9 +64,13 @@ readLsaBases(ncclWindow_t window, int lsaSize, int device) {
 
 #else
 
+// Built against NCCL >= 2.29: the host API answers (window_pointers.cpp).
+bool canReadLsaBasesOnDevice() {
+  return false;
+}
+
 std::vector<uintptr_t> readLsaBases(ncclWindow_t, int, int) {
-  // Built against NCCL >= 2.29: the host API answers (window_pointers.cpp).
-  return {};
+  TORCH_CHECK(false, "nccl_core: no device-side window reader in this build");
 }
 
 #endif

@@ -16,7 +16,9 @@ namespace nccl_core {
 
 namespace {
 
-Communicator& communicatorOf(const std::string& groupName, const char* op) {
+// Held for the op's duration, whatever happens to the group meanwhile.
+std::shared_ptr<Communicator>
+communicatorOf(const std::string& groupName, const char* op) {
   const auto group = c10d::resolve_process_group(groupName);
   auto backend = group->getBackend(c10::DeviceType::CUDA);
   auto* core = dynamic_cast<NcclCoreBackend*>(backend.get());
@@ -27,7 +29,7 @@ Communicator& communicatorOf(const std::string& groupName, const char* op) {
       ": group '",
       groupName,
       "' does not run nccl_core on CUDA");
-  return *core->sharedCommunicator(std::nullopt);
+  return core->sharedCommunicator(std::nullopt);
 }
 
 std::shared_ptr<Window>
@@ -48,15 +50,6 @@ cudaStream_t currentStream(const Communicator& comm) {
       .stream();
 }
 
-void checkOpPeer(const Communicator& comm, int64_t peer, const char* op) {
-  TORCH_CHECK_VALUE(
-      peer >= 0 && peer < comm.size() && peer != comm.rank(),
-      "nccl_core::",
-      op,
-      ": peer must be another rank of the group, got ",
-      peer);
-}
-
 void putSignalOp(
     const at::Tensor& src,
     const at::Tensor& window,
@@ -64,21 +57,14 @@ void putSignalOp(
     int64_t offset,
     c10::string_view groupName) {
   constexpr const char* kOp = "put_signal";
-  Communicator& comm = communicatorOf(std::string(groupName), kOp);
-  checkOpPeer(comm, peer, kOp);
+  const auto owner = communicatorOf(std::string(groupName), kOp);
+  Communicator& comm = *owner;
+  checkPeer(comm, peer, kOp);
   checkTensor(src, static_cast<c10::DeviceIndex>(comm.device()), kOp, "src");
   const auto win = windowOf(comm, window, kOp);
   const NcclBuffer buf = bufferOf(src, kOp);
-  const size_t offsetBytes = static_cast<size_t>(offset) * src.element_size();
-  TORCH_CHECK_VALUE(
-      offset >= 0 && offsetBytes + src.nbytes() <= win->size(),
-      "nccl_core::put_signal: ",
-      src.nbytes(),
-      " bytes at element offset ",
-      offset,
-      " overrun the window (",
-      win->size(),
-      " bytes)");
+  const size_t offsetBytes = checkedOffsetBytes(
+      offset, src.nbytes(), src.element_size(), win->size(), kOp);
   putSignal(
       comm,
       buf.ptr,
@@ -95,8 +81,9 @@ void signalOp(
     const at::Tensor& window,
     int64_t peer,
     c10::string_view groupName) {
-  Communicator& comm = communicatorOf(std::string(groupName), "signal");
-  checkOpPeer(comm, peer, "signal");
+  const auto owner = communicatorOf(std::string(groupName), "signal");
+  Communicator& comm = *owner;
+  checkPeer(comm, peer, "signal");
   windowOf(comm, window, "signal");
   signal(comm, static_cast<int>(peer), currentStream(comm));
 }
@@ -107,7 +94,8 @@ void waitSignalOp(
     at::IntArrayRef opCounts,
     c10::string_view groupName) {
   constexpr const char* kOp = "wait_signal";
-  Communicator& comm = communicatorOf(std::string(groupName), kOp);
+  const auto owner = communicatorOf(std::string(groupName), kOp);
+  Communicator& comm = *owner;
   TORCH_CHECK_VALUE(
       !peers.empty() && peers.size() == opCounts.size(),
       "nccl_core::wait_signal: expected as many op_counts as peers (at least "
@@ -118,13 +106,9 @@ void waitSignalOp(
   windowOf(comm, window, kOp);
   std::vector<WaitSignalDesc> descs;
   for (size_t i = 0; i < peers.size(); ++i) {
-    checkOpPeer(comm, peers[i], kOp);
-    TORCH_CHECK_VALUE(
-        opCounts[i] >= 1,
-        "nccl_core::wait_signal: op_counts must be >= 1, got ",
-        opCounts[i]);
+    checkPeer(comm, peers[i], kOp);
     descs.push_back(
-        {static_cast<int>(peers[i]), static_cast<int>(opCounts[i]), 0, 0});
+        {static_cast<int>(peers[i]), checkedOpCount(opCounts[i], kOp), 0, 0});
   }
   waitSignal(comm, descs, currentStream(comm));
 }

@@ -42,19 +42,6 @@ cudaStream_t streamOf(const py::object& stream, int device) {
   return reinterpret_cast<cudaStream_t>(stream.cast<uintptr_t>());
 }
 
-void checkPeer(const Communicator& comm, int peer, const char* op) {
-  TORCH_CHECK_VALUE(
-      peer >= 0 && peer < comm.size() && peer != comm.rank(),
-      "nccl_core ",
-      op,
-      ": peer must be another rank, 0 <= peer < ",
-      comm.size(),
-      " and != ",
-      comm.rank(),
-      ", got ",
-      peer);
-}
-
 void checkReserved(int signalIndex, int context, int flags, const char* op) {
   TORCH_CHECK_VALUE(
       signalIndex == 0 && context == 0 && flags == 0,
@@ -86,20 +73,9 @@ void putSignalChecked(
       "nccl_core put_signal: src must be a CUDA tensor");
   checkTensor(src, static_cast<c10::DeviceIndex>(comm.device()), kOp, "src");
   const NcclBuffer buf = bufferOf(src, kOp);
-  TORCH_CHECK_VALUE(
-      offset >= 0, "nccl_core put_signal: offset must be >= 0, got ", offset);
   const size_t bytes = src.nbytes();
-  const size_t offsetBytes = static_cast<size_t>(offset) * src.element_size();
-  const size_t windowBytes = window.size(); // raises if closed
-  TORCH_CHECK_VALUE(
-      offsetBytes + bytes <= windowBytes,
-      "nccl_core put_signal: ",
-      bytes,
-      " bytes at element offset ",
-      offset,
-      " overrun the window (",
-      windowBytes,
-      " bytes)");
+  const size_t offsetBytes =
+      checkedOffsetBytes(offset, bytes, src.element_size(), window.size(), kOp);
   window.get();
   const cudaStream_t cudaStream = streamOf(stream, comm.device());
   py::gil_scoped_release noGil;
@@ -142,12 +118,12 @@ void bindOneSided(py::module_& m) {
   py::class_<WaitSignalDesc>(
       m, "WaitSignalDesc", "Wait for op_count signals from peer.")
       .def(
-          py::init([](int peer, int opCount, int signalIndex, int context) {
-            TORCH_CHECK_VALUE(
-                opCount >= 1,
-                "WaitSignalDesc: op_count must be >= 1, got ",
-                opCount);
-            return WaitSignalDesc{peer, opCount, signalIndex, context};
+          py::init([](int peer, int64_t opCount, int signalIndex, int context) {
+            return WaitSignalDesc{
+                peer,
+                checkedOpCount(opCount, "WaitSignalDesc"),
+                signalIndex,
+                context};
           }),
           py::arg("peer"),
           py::arg("op_count") = 1,

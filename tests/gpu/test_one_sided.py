@@ -95,8 +95,9 @@ def test_one_sided_refuses_bad_input(rank, world_size):
         comm.put_signal(src, rank, window)
     with pytest.raises(ValueError, match="another rank"):
         comm.signal(world_size)
-    with pytest.raises(ValueError, match="overrun"):
-        comm.put_signal(src, peer, window, offset=1)
+    for offset in (1, -1, 2**62):  # 2**62 elements: the byte offset would wrap around
+        with pytest.raises(ValueError, match="do not fit in the window"):
+            comm.put_signal(src, peer, window, offset=offset)
     with pytest.raises(ValueError, match="must be 0"):
         comm.put_signal(src[:4], peer, window, signal_index=1)
     with pytest.raises(ValueError, match="contiguous"):
@@ -105,12 +106,28 @@ def test_one_sided_refuses_bad_input(rank, world_size):
         comm.put_signal(torch.ones(4), peer, window)
     with pytest.raises(TypeError, match="stream"):
         comm.signal(peer, stream="fast")
+    for count in (0, 2**32):
+        with pytest.raises(ValueError, match="op_count"):
+            WaitSignalDesc(peer, op_count=count)
     with pytest.raises(ValueError, match="op_count"):
-        WaitSignalDesc(peer, op_count=0)
+        torch.ops.nccl_core.wait_signal(_buf, [peer], [2**32], dist.group.WORLD.group_name)
+    with pytest.raises(ValueError, match="do not fit in the window"):
+        torch.ops.nccl_core.put_signal(src, _buf, peer, 2**62, dist.group.WORLD.group_name)
     dist.barrier()
     window.close()
     with pytest.raises(RuntimeError, match="was closed"):
         comm.put_signal(src[:4], peer, window)
+
+
+def test_window_of_another_group_is_refused(rank, world_size):
+    group = dist.new_group(backend="nccl_core")
+    memory = torch_nccl_core.empty(NUMEL, group=group, window=True)
+    other = torch_nccl_core.communicator(group).find_window(memory)
+    with pytest.raises(ValueError, match="another communicator"):
+        torch_nccl_core.communicator().put_signal(memory[:4], (rank + 1) % world_size, other)
+    dist.barrier()
+    del memory, other
+    dist.destroy_process_group(group)
 
 
 def test_dev_comm_lifecycle(rank, world_size):
@@ -127,6 +144,8 @@ def test_dev_comm_lifecycle(rank, world_size):
         dev.ptr  # noqa: B018
     with pytest.raises(TypeError, match="DevCommRequirements"):
         comm.create_dev_comm({"lsa_barrier_count": 1})
+    with pytest.raises(ValueError, match="lsa_barrier_count"):
+        comm.create_dev_comm(torch_nccl_core.DevCommRequirements(lsa_barrier_count=2**32))
     default.close()
 
 
