@@ -23,6 +23,18 @@ import torch_nccl_core
 from torch_nccl_core import WaitSignalDesc
 
 
+def starts(counts: list[int]) -> list[int]:
+    """Where each block begins when blocks of these sizes are laid end to end."""
+    return [sum(counts[:r]) for r in range(len(counts))]
+
+
+def swap(values: list[int], device: torch.device) -> list[int]:
+    """Send values[r] to rank r; return what each rank sent here (a tiny all_to_all)."""
+    received = torch.empty(len(values), dtype=torch.int64, device=device)
+    dist.all_to_all_single(received, torch.tensor(values, dtype=torch.int64, device=device))
+    return received.tolist()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=8192, help="tokens per rank")
@@ -41,23 +53,16 @@ def main() -> None:
     dest = torch.randint(0, world, (args.tokens,), device=device, generator=generator)
     order = torch.argsort(dest, stable=True)
     send = tokens[order].contiguous()
-    send_counts = torch.bincount(dest, minlength=world)
-    recv_counts = torch.empty_like(send_counts)
-    dist.all_to_all_single(recv_counts, send_counts)
-    send_splits, recv_splits = send_counts.tolist(), recv_counts.tolist()
+    send_splits = torch.bincount(dest, minlength=world).tolist()
+    recv_splits = swap(send_splits, device)
 
     # Receive window: room for the most tokens any rank can get (all of everyone's).
     capacity = args.tokens * world * args.hidden
     window_memory = torch_nccl_core.empty(capacity, dtype=torch.bfloat16, window=True)
     window = comm.find_window(window_memory)
     # Where each source's tokens start in my window, and where mine start in each peer's.
-    recv_offsets = [0] * world
-    for r in range(1, world):
-        recv_offsets[r] = recv_offsets[r - 1] + recv_splits[r - 1]
-    mine_at_peer = torch.tensor(recv_offsets, device=device)
-    offsets_at_peers = torch.empty_like(mine_at_peer)
-    dist.all_to_all_single(offsets_at_peers, mine_at_peer)
-    put_offsets = offsets_at_peers.tolist()
+    recv_offsets = starts(recv_splits)
+    put_offsets = swap(recv_offsets, device)
 
     def one_sided() -> torch.Tensor:
         start = 0
@@ -81,13 +86,7 @@ def main() -> None:
         return out
 
     # Combine: where each source wants my block of its tokens back (its send order).
-    send_offsets = [0] * world
-    for r in range(1, world):
-        send_offsets[r] = send_offsets[r - 1] + send_splits[r - 1]
-    mine_in_send = torch.tensor(send_offsets, device=device)
-    back_offsets_t = torch.empty_like(mine_in_send)
-    dist.all_to_all_single(back_offsets_t, mine_in_send)
-    back_offsets = back_offsets_t.tolist()
+    back_offsets = swap(starts(send_splits), device)
     combine_memory = torch_nccl_core.empty(
         args.tokens * args.hidden, dtype=torch.bfloat16, window=True
     )

@@ -225,14 +225,7 @@ Communicator::registerWindow(void* ptr, size_t bytes, int flags) {
     }
     withoutWindows_ = std::move(twin);
   }
-  ncclWindow_t window = nullptr;
-  check(
-      ncclCommWindowRegister(get(), ptr, bytes, &window, flags),
-      "ncclCommWindowRegister");
-  if (nonblocking_) {
-    // Returns before the peers joined; `window` is written once settled.
-    check(ncclInProgress, "ncclCommWindowRegister");
-  }
+  const ncclWindow_t window = windowRegister(ptr, bytes, flags);
   std::shared_ptr<Window> tracked;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -289,15 +282,21 @@ SignalWindow* Communicator::signalWindow() {
   return signalWindow_.get();
 }
 
-ncclWindow_t Communicator::registerInternalWindow(void* ptr, size_t bytes) {
+ncclWindow_t Communicator::windowRegister(void* ptr, size_t bytes, int flags) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   ncclWindow_t window = nullptr;
   check(
-      ncclCommWindowRegister(get(), ptr, bytes, &window, NCCL_WIN_DEFAULT),
+      ncclCommWindowRegister(get(), ptr, bytes, &window, flags),
       "ncclCommWindowRegister");
   if (nonblocking_) {
+    // Returns before the peers joined; `window` is written once settled.
     check(ncclInProgress, "ncclCommWindowRegister");
   }
+  return window;
+}
+
+ncclWindow_t Communicator::registerInternalWindow(void* ptr, size_t bytes) {
+  const ncclWindow_t window = windowRegister(ptr, bytes, NCCL_WIN_DEFAULT);
   TORCH_CHECK_NOT_IMPLEMENTED(
       window != nullptr, "nccl_core: NCCL has no windows on this platform");
   return window;

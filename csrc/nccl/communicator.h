@@ -128,6 +128,9 @@ class Communicator final : public AllocationObserver,
   // timeout it aborts the communicator (which ends NCCL's pending job, so it
   // cannot write to the caller's output later) and throws.
   ncclResult_t settle(const char* call);
+  // ncclCommWindowRegister, settled; null where the platform has no windows.
+  // Collective.
+  ncclWindow_t windowRegister(void* ptr, size_t bytes, int flags);
   // The LoadStore engine's state for a new window: the signal window
   // (collective, with the first window) and the window's peer addresses, read
   // now because reading them cannot be captured in a CUDA graph.
