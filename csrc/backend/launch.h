@@ -69,12 +69,9 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
     }
   }
 
-  if (!asyncOp && !coalescing_ && !blocksHost) {
-    // Lean path: the caller's stream already orders everything.
-    comm.check(enqueue(comm.get(), current.stream()), name);
-    if (!isCapturing(current.stream())) {
-      watchdog_->noteSyncOp(current.stream(), name, info.seq);
-    }
+  // A Work that owns no event: its op is ordered by the caller's stream, or
+  // by the coalesced group's Work.
+  const auto eventless = [&] {
     return c10::make_intrusive<NcclWork>(
         info,
         device,
@@ -84,6 +81,15 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
         std::move(outputs),
         std::vector<at::Tensor>{},
         false);
+  };
+
+  if (!asyncOp && !coalescing_ && !blocksHost) {
+    // Lean path: the caller's stream already orders everything.
+    comm.check(enqueue(comm.get(), current.stream()), name);
+    if (!isCapturing(current.stream())) {
+      watchdog_->noteSyncOp(current.stream(), name, info.seq);
+    }
+    return eventless();
   }
 
   if (coalescing_ && !coalescedGroupOpen_) {
@@ -104,15 +110,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
     // only stands for the op inside it.
     coalescedTensors_.insert(
         coalescedTensors_.end(), inputs.begin(), inputs.end());
-    return c10::make_intrusive<NcclWork>(
-        info,
-        device,
-        groupName_,
-        EventPool::Event{},
-        timeout,
-        std::move(outputs),
-        std::vector<at::Tensor>{},
-        false);
+    return eventless();
   }
   EventPool::Event end = events_->acquire();
   C10_CUDA_CHECK(cudaEventRecord(end.get(), stream_->stream()));

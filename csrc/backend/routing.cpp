@@ -51,9 +51,12 @@ Communicator& routeCollective(
     c10d::OpType type,
     const std::vector<at::Tensor>& outputs,
     const std::vector<at::Tensor>& inputs) {
-  const std::shared_ptr<Communicator> twin = comm.withoutWindows();
+  // Most groups have no symmetric window, hence no twin: one atomic load.
+  if (!comm.hasWindowFreeTwin()) {
+    return comm;
+  }
   const SymmetricKernels setting = symmetricKernelsSetting();
-  if (twin == nullptr || setting == SymmetricKernels::Always) {
+  if (setting == SymmetricKernels::Always) {
     return comm;
   }
   size_t bytes = 0;
@@ -69,7 +72,8 @@ Communicator& routeCollective(
       (setting == SymmetricKernels::Auto && symmetricKernelsWin(type, bytes))) {
     return comm;
   }
-  return *twin;
+  // The twin lives as long as `comm` (which holds it), so a reference will do.
+  return *comm.withoutWindows();
 }
 
 } // namespace nccl_core

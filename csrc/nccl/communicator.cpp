@@ -224,6 +224,7 @@ Communicator::registerWindow(void* ptr, size_t bytes, int flags) {
       twin->abort(); // aborted meanwhile: the twin goes with it
     }
     withoutWindows_ = std::move(twin);
+    hasTwin_.store(true, std::memory_order_release);
   }
   const ncclWindow_t window = windowRegister(ptr, bytes, flags);
   std::shared_ptr<Window> tracked;

@@ -100,6 +100,10 @@ class Communicator final : public AllocationObserver,
   // first symmetric window. It holds no windows, so ops that must not take
   // NCCL's symmetric kernels run on it, on buffer-registered memory.
   std::shared_ptr<Communicator> withoutWindows();
+  // Whether withoutWindows() is set: a lock-free look for the hot path.
+  bool hasWindowFreeTwin() const noexcept {
+    return hasTwin_.load(std::memory_order_acquire);
+  }
 
   // Registers the NCCL allocation holding [ptr, ptr + bytes) with this
   // communicator on first use, so NCCL works on it in place. Memory that is
@@ -165,6 +169,7 @@ class Communicator final : public AllocationObserver,
   // Registrations made by registerAutomatically, by allocation id.
   std::unordered_map<uint64_t, std::shared_ptr<CommResource>> byAllocation_;
   std::shared_ptr<Communicator> withoutWindows_;
+  std::atomic<bool> hasTwin_{false}; // withoutWindows_ != nullptr
   // Declared last: destroyed after the destructor's abort released its
   // window, before its memory is freed.
   std::unique_ptr<SignalWindow> signalWindow_;

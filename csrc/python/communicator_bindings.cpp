@@ -26,13 +26,6 @@ void checkRegistrable(
     const Communicator& comm,
     const at::Tensor& tensor,
     const char* op) {
-  TORCH_CHECK_VALUE(
-      tensor.defined() && tensor.is_cuda(),
-      "nccl_core ",
-      op,
-      ": expected a CUDA tensor, got ",
-      tensor.defined() ? c10::str("one on ", tensor.device())
-                       : std::string("an undefined tensor"));
   checkTensor(
       tensor, static_cast<c10::DeviceIndex>(comm.device()), op, "tensor");
   TORCH_CHECK_VALUE(

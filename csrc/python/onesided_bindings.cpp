@@ -68,9 +68,6 @@ void putSignalChecked(
   constexpr const char* kOp = "put_signal";
   checkPeer(comm, peer, kOp);
   checkReserved(signalIndex, context, flags, kOp);
-  TORCH_CHECK_VALUE(
-      src.defined() && src.is_cuda(),
-      "nccl_core put_signal: src must be a CUDA tensor");
   checkTensor(src, static_cast<c10::DeviceIndex>(comm.device()), kOp, "src");
   const NcclBuffer buf = bufferOf(src, kOp);
   const size_t bytes = src.nbytes();
