@@ -161,6 +161,9 @@ void Communicator::abort() noexcept {
   if (aborted_.exchange(true, std::memory_order_acq_rel)) {
     return;
   }
+  if (signalWindow_) {
+    signalWindow_->abortWaits(); // before NCCL unmaps the peers' windows
+  }
   for (auto& [_, resource] : resources_) {
     resource->closed_.store(true, std::memory_order_release);
   }

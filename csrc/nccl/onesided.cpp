@@ -6,6 +6,7 @@
 #include <c10/util/env.h>
 #include <dlfcn.h>
 
+#include <atomic>
 #include <limits>
 
 #include "nccl/communicator.h"
@@ -189,7 +190,18 @@ OneSidedEngine oneSidedEngine() {
   return engine;
 }
 
+void SignalWindow::HostFree::operator()(int* flag) const noexcept {
+  C10_CUDA_CHECK_WARN(cudaFreeHost(flag));
+}
+
 SignalWindow::SignalWindow(Communicator& comm) {
+  int* flag = nullptr;
+  C10_CUDA_CHECK(cudaHostAlloc(
+      reinterpret_cast<void**>(&flag), sizeof(int), cudaHostAllocMapped));
+  abortFlag_.reset(flag);
+  *flag = 0;
+  C10_CUDA_CHECK(cudaHostGetDevicePointer(
+      reinterpret_cast<void**>(&abortFlagOnDevice_), flag, 0));
   const size_t bytes = 2 * sizeof(uint64_t) * comm.size();
   memory_ = ncclAllocator(static_cast<c10::DeviceIndex>(comm.device()))
                 ->allocate(bytes);
@@ -220,6 +232,15 @@ uint64_t* SignalWindow::inbox() const {
 
 uint64_t* SignalWindow::consumed() const {
   return inbox() + peerInbox_.size();
+}
+
+const int* SignalWindow::abortFlag() const {
+  return abortFlagOnDevice_;
+}
+
+void SignalWindow::abortWaits() noexcept {
+  reinterpret_cast<std::atomic<int>*>(abortFlag_.get())
+      ->store(1, std::memory_order_release);
 }
 
 void putSignal(
@@ -311,7 +332,8 @@ void waitSignal(
     loadStorePeer(comm, d.peer, kNeedsHostApi);
   }
   const SignalWindow& signals = signalWindowOf(comm);
-  detail::launchWait(signals.inbox(), signals.consumed(), descs, stream);
+  detail::launchWait(
+      signals.inbox(), signals.consumed(), signals.abortFlag(), descs, stream);
 }
 
 } // namespace nccl_core

@@ -14,6 +14,7 @@
 #include <c10/core/Allocator.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace nccl_core {
@@ -46,8 +47,20 @@ class SignalWindow {
   uint64_t* remoteCounter(int peer) const;
   uint64_t* inbox() const;
   uint64_t* consumed() const;
+  // Read by waiting kernels: once set, they return without their signals.
+  const int* abortFlag() const;
+  // Ends every pending and future wait (the communicator is being aborted).
+  void abortWaits() noexcept;
 
  private:
+  struct HostFree {
+    void operator()(int* flag) const noexcept;
+  };
+  // Host memory the device reads (mapped): a spinning kernel sees it change.
+  // Declared before memory_ so it outlives it: freeing memory_ waits for the
+  // device, whose waits return once this flag is set.
+  std::unique_ptr<int, HostFree> abortFlag_;
+  int* abortFlagOnDevice_ = nullptr;
   c10::DataPtr memory_;              // inbox[size] then consumed[size]
   std::vector<uintptr_t> peerInbox_; // each peer's inbox, mapped here
   int self_ = 0;
@@ -88,6 +101,7 @@ void launchSignal(uint64_t* counter, cudaStream_t stream);
 void launchWait(
     const uint64_t* inbox,
     uint64_t* consumed,
+    const int* abortFlag,
     const std::vector<WaitSignalDesc>& descs,
     cudaStream_t stream);
 } // namespace detail

@@ -25,15 +25,23 @@ __global__ void signalKernel(unsigned long long* counter) {
   atomicAdd_system(counter, 1ULL);
 }
 
+// Spins between looks at the abort flag, which lives in host memory (slow to
+// read) while the counter is in device memory.
+constexpr unsigned kSpinsPerAbortCheck = 256;
+
 __global__ void waitKernel(
     const unsigned long long* inbox,
     unsigned long long* consumed,
+    const volatile int* abortFlag,
     WaitArgs args) {
   for (int i = 0; i < args.n; ++i) {
     const int peer = args.peer[i];
     const unsigned long long target = consumed[peer] + args.count[i];
     const volatile unsigned long long* counter = inbox + peer;
-    while (*counter < target) {
+    for (unsigned spins = 0; *counter < target; ++spins) {
+      if (spins % kSpinsPerAbortCheck == 0 && *abortFlag != 0) {
+        return; // the communicator was aborted: the signals will not come
+      }
     }
     consumed[peer] = target;
   }
@@ -52,6 +60,7 @@ void launchSignal(uint64_t* counter, cudaStream_t stream) {
 void launchWait(
     const uint64_t* inbox,
     uint64_t* consumed,
+    const int* abortFlag,
     const std::vector<WaitSignalDesc>& descs,
     cudaStream_t stream) {
   for (size_t first = 0; first < descs.size(); first += kMaxDescs) {
@@ -65,6 +74,7 @@ void launchWait(
     waitKernel<<<1, 1, 0, stream>>>(
         reinterpret_cast<const unsigned long long*>(inbox),
         reinterpret_cast<unsigned long long*>(consumed),
+        abortFlag,
         args);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -16,6 +17,23 @@ import torch_nccl_core
 from .helpers import SWEEP_NUMEL, all_ranks, assert_equal, rank_tensor, reference_reduce
 
 CLOSED = "was closed"
+
+
+@pytest.mark.timeout(60, method="thread")
+def test_destroying_the_group_ends_a_wait_no_signal_meets(rank, world_size):
+    """A load_store wait spins on the device until its signal; an abort must end it, not hang."""
+    if torch_nccl_core.one_sided_engine() != "load_store":
+        pytest.skip("NCCL's own engine ends its waits itself")  # same on both ranks
+    group = dist.new_group(backend="nccl_core")
+    memory = torch_nccl_core.empty(SWEEP_NUMEL, group=group, window=True)
+    side = torch.cuda.Stream()
+    waiter = torch_nccl_core.communicator(group)
+    waiter.wait_signal(torch_nccl_core.WaitSignalDesc((rank + 1) % world_size), stream=side)
+    dist.destroy_process_group(group)
+    side.synchronize()  # returns: the aborted wait gave up
+    del memory
+    gc.collect()
+    assert waiter.is_aborted
 
 
 def test_destroying_the_group_closes_its_resources(rank):
