@@ -9,6 +9,10 @@ from torch._C._distributed_c10d import Backend, ReduceOp, Store
 class Options:
     """Options of an nccl_core process group (``pg_options``).
 
+    ``copy_engine_reduce_scatter``: ``reduce_scatter_tensor`` through the copy engine where
+    every peer is load/store reachable; ``None`` from 32 MiB of output, ``True`` at every
+    size, ``False`` never.
+
     Raises:
         ValueError: a value is out of range (``min_ctas``/``max_ctas`` in [1, 64] with
             ``min_ctas <= max_ctas``, ``cga_cluster_size`` in [0, 8], positive ``timeout``).
@@ -23,6 +27,7 @@ class Options:
     net_name: str | None
     split_share: bool | None
     comm_name: str | None
+    copy_engine_reduce_scatter: bool | None
     def __init__(
         self,
         *,
@@ -35,6 +40,7 @@ class Options:
         net_name: str | None = None,
         split_share: bool | None = None,
         comm_name: str | None = None,
+        copy_engine_reduce_scatter: bool | None = None,
     ) -> None: ...
 
 class GroupOptions(Backend.Options):

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 
+#include "backend/copy_engine_reduce_scatter.h"
 #include "backend/event_pool.h"
 #include "backend/failure.h"
 #include "backend/options.h"
@@ -184,6 +185,12 @@ class NcclCoreBackend : public c10d::Backend {
   c10::DeviceIndex
   checkedDevice(const at::Tensor& tensor, const char* op, const char* what);
 
+  // The copy-engine path for a reduce-scatter into `output` on `stream`, or
+  // null where NCCL's kernel runs it (Options.copy_engine_reduce_scatter).
+  CopyEngineReduceScatter* copyEngineFor(
+      const at::Tensor& output,
+      c10d::ReduceOp::RedOpType op,
+      cudaStream_t stream);
   void initCommunicator(at::Device device);
   void setupCommunicator(std::shared_ptr<Communicator> comm);
   at::Device deviceForOpWithoutTensors(const std::vector<int64_t>& deviceIds);
@@ -204,7 +211,8 @@ class NcclCoreBackend : public c10d::Backend {
   // TORCH_NCCL_CORE_AUTO_REGISTER (default on): register NCCL memory that
   // ops touch.
   const bool autoRegister_;
-  std::unique_ptr<at::cuda::MemPool> memPool_; // for allocateTensor
+  std::unique_ptr<at::cuda::MemPool> memPool_;          // for allocateTensor
+  std::unique_ptr<CopyEngineReduceScatter> copyEngine_; // made on first use
   uint64_t seq_ = 0;
   int splitCount_ = 0;
 

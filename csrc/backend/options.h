@@ -22,6 +22,10 @@ struct NcclCoreOptions {
   std::optional<std::string> netName;
   std::optional<bool> splitShare;
   std::optional<std::string> commName;
+  // Reduce-scatter through the copy engine where every peer is load/store
+  // reachable: unset = from the measured size up, true = at every size,
+  // false = never (backend/copy_engine_reduce_scatter.h).
+  std::optional<bool> copyEngineReduceScatter;
 
   // Raises ValueError for out-of-range values.
   void validate() const;

@@ -164,6 +164,11 @@ void Communicator::abort() noexcept {
   if (signalWindow_) {
     signalWindow_->abortWaits(); // before NCCL unmaps the peers' windows
   }
+  if (staging_) {
+    // Its copies to peers must not run once their memory is unmapped; with
+    // the waits ended they finish at once unless other streams hold them.
+    staging_->drain(std::chrono::seconds(1));
+  }
   for (auto& [_, resource] : resources_) {
     resource->closed_.store(true, std::memory_order_release);
   }
@@ -272,11 +277,7 @@ void Communicator::prepareLoadStore(const Window& window) {
     // what they need.
     return;
   }
-  if (signalWindow() == nullptr) {
-    auto signals = std::make_unique<SignalWindow>(*this);
-    std::lock_guard<std::mutex> lock(mutex_);
-    signalWindow_ = std::move(signals);
-  }
+  signals();
   window.lsaBases(
       [&] { return lsaBases(*this, window.get(), lsaTeam(*this).size); });
 }
@@ -284,6 +285,32 @@ void Communicator::prepareLoadStore(const Window& window) {
 SignalWindow* Communicator::signalWindow() {
   std::lock_guard<std::mutex> lock(mutex_);
   return signalWindow_.get();
+}
+
+SignalWindow& Communicator::signals() {
+  if (SignalWindow* made = signalWindow()) {
+    return *made;
+  }
+  // Collective, so made without the lock (abort must stay possible).
+  auto made = std::make_unique<SignalWindow>(*this);
+  std::lock_guard<std::mutex> lock(mutex_);
+  get(); // aborted meanwhile: its window is gone
+  signalWindow_ = std::move(made);
+  return *signalWindow_;
+}
+
+Staging& Communicator::staging(size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (staging_) {
+      return *staging_;
+    }
+  }
+  auto made = std::make_unique<Staging>(*this, bytes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  get();
+  staging_ = std::move(made);
+  return *staging_;
 }
 
 ncclWindow_t Communicator::windowRegister(void* ptr, size_t bytes, int flags) {

@@ -81,9 +81,16 @@ class Communicator final : public AllocationObserver,
   // Tracks a device communicator made by createDevComm (dev_comm.h).
   std::shared_ptr<class DevComm> adoptDevComm(std::shared_ptr<void> devComm);
 
-  // The LoadStore one-sided engine's signals, set up (collectively) with the
-  // first window; null on the Host engine or before any window.
+  // The signal window, null until signals() made it: the LoadStore
+  // one-sided engine makes it with the first window.
   SignalWindow* signalWindow();
+  // The signal window, made on first call (collective then). Needs
+  // windowAddressesReadable().
+  SignalWindow& signals();
+  // Staging memory every load/store peer maps and its streams, made on first
+  // call (collective then, `bytes` on every rank); later calls return it as
+  // made.
+  Staging& staging(size_t bytes);
   // A window for this package's own use: not a tracked resource, released
   // when the communicator is aborted or destroyed. Collective.
   ncclWindow_t registerInternalWindow(void* ptr, size_t bytes);
@@ -170,9 +177,10 @@ class Communicator final : public AllocationObserver,
   std::unordered_map<uint64_t, std::shared_ptr<CommResource>> byAllocation_;
   std::shared_ptr<Communicator> withoutWindows_;
   std::atomic<bool> hasTwin_{false}; // withoutWindows_ != nullptr
-  // Declared last: destroyed after the destructor's abort released its
-  // window, before its memory is freed.
+  // Declared last: destroyed after the destructor's abort released their
+  // windows.
   std::unique_ptr<SignalWindow> signalWindow_;
+  std::unique_ptr<Staging> staging_;
 };
 
 } // namespace nccl_core

@@ -11,7 +11,6 @@
 
 #include "nccl/communicator.h"
 #include "nccl/errors.h"
-#include "nccl/memory.h"
 #include "nccl/version.h"
 #include "nccl/window_pointers.h"
 
@@ -194,48 +193,68 @@ void SignalWindow::HostFree::operator()(int* flag) const noexcept {
   C10_CUDA_CHECK_WARN(cudaFreeHost(flag));
 }
 
-SignalWindow::SignalWindow(Communicator& comm) {
+namespace {
+int* mappedFlag() {
   int* flag = nullptr;
   C10_CUDA_CHECK(cudaHostAlloc(
       reinterpret_cast<void**>(&flag), sizeof(int), cudaHostAllocMapped));
-  abortFlag_.reset(flag);
   *flag = 0;
+  return flag;
+}
+} // namespace
+
+SignalWindow::SignalWindow(Communicator& comm)
+    : abortFlag_(mappedFlag()),
+      counters_(comm, 2 * kSignalChannels * sizeof(uint64_t) * comm.size()),
+      self_(comm.rank()),
+      size_(comm.size()) {
   C10_CUDA_CHECK(cudaHostGetDevicePointer(
-      reinterpret_cast<void**>(&abortFlagOnDevice_), flag, 0));
-  const size_t bytes = 2 * sizeof(uint64_t) * comm.size();
-  memory_ = ncclAllocator(static_cast<c10::DeviceIndex>(comm.device()))
-                ->allocate(bytes);
-  C10_CUDA_CHECK(cudaMemset(memory_.get(), 0, bytes));
-  // Zeroed before any peer can signal: registration below is collective, and
-  // a peer's first signal may follow it at once.
-  C10_CUDA_CHECK(cudaDeviceSynchronize());
-  const ncclWindow_t window =
-      comm.registerInternalWindow(memory_.get(), bytes / 2);
-  const int lsaSize = lsaTeam(comm).size;
-  const std::vector<uintptr_t> bases = lsaBases(comm, window, lsaSize);
-  peerInbox_.assign(comm.size(), 0);
-  for (int peer = 0; peer < comm.size(); ++peer) {
-    if (auto lsaRank = lsaRankOf(comm, peer)) {
-      peerInbox_[peer] = bases.at(*lsaRank);
-    }
-  }
-  self_ = comm.rank();
+      reinterpret_cast<void**>(&abortFlagOnDevice_), abortFlag_.get(), 0));
 }
 
-uint64_t* SignalWindow::remoteCounter(int peer) const {
-  return reinterpret_cast<uint64_t*>(peerInbox_.at(peer)) + self_;
+uint64_t* SignalWindow::counters(int index) const {
+  return static_cast<uint64_t*>(counters_.local()) +
+         static_cast<size_t>(index) * size_;
 }
 
-uint64_t* SignalWindow::inbox() const {
-  return static_cast<uint64_t*>(memory_.get());
+uint64_t* SignalWindow::remoteCounter(int peer, SignalChannel channel) const {
+  const size_t offset = static_cast<size_t>(channel) * size_ + self_;
+  return reinterpret_cast<uint64_t*>(counters_.remote(peer)) + offset;
 }
 
-uint64_t* SignalWindow::consumed() const {
-  return inbox() + peerInbox_.size();
+uint64_t* SignalWindow::inbox(SignalChannel channel) const {
+  return counters(static_cast<int>(channel));
+}
+
+uint64_t* SignalWindow::consumed(SignalChannel channel) const {
+  return counters(kSignalChannels + static_cast<int>(channel));
 }
 
 const int* SignalWindow::abortFlag() const {
   return abortFlagOnDevice_;
+}
+
+void SignalWindow::waitAllPeers(
+    SignalChannel channel,
+    int count,
+    cudaStream_t stream) const {
+  std::vector<WaitSignalDesc> descs;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer != self_) {
+      descs.push_back({peer, count});
+    }
+  }
+  detail::launchWait(
+      inbox(channel), consumed(channel), abortFlag(), descs, stream);
+}
+
+void SignalWindow::signalAllPeers(SignalChannel channel, cudaStream_t stream)
+    const {
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer != self_) {
+      detail::launchSignal(remoteCounter(peer, channel), stream);
+    }
+  }
 }
 
 void SignalWindow::abortWaits() noexcept {
@@ -295,7 +314,9 @@ void putSignal(
   }
   copyToPeer(
       comm, src, bytes, peer, window, offsetBytes, kNeedsHostApi, stream);
-  detail::launchSignal(signalWindowOf(comm).remoteCounter(peer), stream);
+  detail::launchSignal(
+      signalWindowOf(comm).remoteCounter(peer, SignalChannel::OneSided),
+      stream);
 }
 
 void signal(Communicator& comm, int peer, cudaStream_t stream) {
@@ -307,7 +328,9 @@ void signal(Communicator& comm, int peer, cudaStream_t stream) {
   }
   comm.get();
   loadStorePeer(comm, peer, kNeedsHostApi);
-  detail::launchSignal(signalWindowOf(comm).remoteCounter(peer), stream);
+  detail::launchSignal(
+      signalWindowOf(comm).remoteCounter(peer, SignalChannel::OneSided),
+      stream);
 }
 
 void waitSignal(
@@ -333,7 +356,11 @@ void waitSignal(
   }
   const SignalWindow& signals = signalWindowOf(comm);
   detail::launchWait(
-      signals.inbox(), signals.consumed(), signals.abortFlag(), descs, stream);
+      signals.inbox(SignalChannel::OneSided),
+      signals.consumed(SignalChannel::OneSided),
+      signals.abortFlag(),
+      descs,
+      stream);
 }
 
 } // namespace nccl_core

@@ -17,6 +17,8 @@
 #include <memory>
 #include <vector>
 
+#include "nccl/peer_buffer.h"
+
 namespace nccl_core {
 
 class Communicator;
@@ -35,35 +37,51 @@ enum class OneSidedEngine { Host, LoadStore };
 // "nccl" or "load_store"; refused when the runtime cannot run the choice.
 OneSidedEngine oneSidedEngine();
 
-// The per-communicator state of the LoadStore engine: its signal window.
+// Independent signal counters per peer: the user's one-sided operations and
+// the copy-engine reduce-scatter's two directions never take each other's
+// signals.
+enum class SignalChannel : int { OneSided, StagingFilled, StagingFreed };
+constexpr int kSignalChannels = 3;
+
+// Signal counters every rank maps (the LoadStore engine's, and the
+// copy-engine reduce-scatter's).
 class SignalWindow {
  public:
-  // Collective over `comm`: every rank allocates and registers its inbox.
+  // Collective over `comm`: every rank allocates and registers its inboxes.
   explicit SignalWindow(Communicator& comm);
   SignalWindow(const SignalWindow&) = delete;
   SignalWindow& operator=(const SignalWindow&) = delete;
 
   // This rank's counter at `peer` (what `peer` waits on for us).
-  uint64_t* remoteCounter(int peer) const;
-  uint64_t* inbox() const;
-  uint64_t* consumed() const;
+  uint64_t* remoteCounter(int peer, SignalChannel channel) const;
+  // Counters by peer: signals received, and signals consumed by waits.
+  uint64_t* inbox(SignalChannel channel) const;
+  uint64_t* consumed(SignalChannel channel) const;
   // Read by waiting kernels: once set, they return without their signals.
   const int* abortFlag() const;
   // Ends every pending and future wait (the communicator is being aborted).
   void abortWaits() noexcept;
+  // Enqueues a wait for `count` signals from each peer but this rank.
+  void
+  waitAllPeers(SignalChannel channel, int count, cudaStream_t stream) const;
+  // Enqueues one signal to each peer but this rank.
+  void signalAllPeers(SignalChannel channel, cudaStream_t stream) const;
 
  private:
   struct HostFree {
     void operator()(int* flag) const noexcept;
   };
+  uint64_t* counters(int index) const;
+
   // Host memory the device reads (mapped): a spinning kernel sees it change.
-  // Declared before memory_ so it outlives it: freeing memory_ waits for the
+  // Declared before counters_ so it outlives them: freeing them waits for the
   // device, whose waits return once this flag is set.
   std::unique_ptr<int, HostFree> abortFlag_;
   int* abortFlagOnDevice_ = nullptr;
-  c10::DataPtr memory_;              // inbox[size] then consumed[size]
-  std::vector<uintptr_t> peerInbox_; // each peer's inbox, mapped here
+  // inbox[channel][peer], then consumed[channel][peer].
+  PeerBuffer counters_;
   int self_ = 0;
+  int size_ = 0;
 };
 
 // Argument checks shared by the Python methods and the torch ops; each raises

@@ -70,6 +70,8 @@ std::string repr(const NcclCoreOptions& o) {
       opt(o.splitShare),
       ", comm_name=",
       optStr(o.commName),
+      ", copy_engine_reduce_scatter=",
+      opt(o.copyEngineReduceScatter),
       ")");
 }
 
@@ -78,7 +80,11 @@ void bindOptions(py::module_& m) {
       m, "Options", R"(Options of an nccl_core process group.
 
 Pass as ``pg_options`` to ``init_process_group`` / ``new_group``. Fields left
-``None`` keep NCCL's defaults (and its ``NCCL_*`` environment variables).)")
+``None`` keep NCCL's defaults (and its ``NCCL_*`` environment variables).
+``copy_engine_reduce_scatter``: ``reduce_scatter_tensor`` through the copy
+engine where every peer is load/store reachable; ``None`` from 32 MiB of
+output (where it was measured faster), ``True`` at every size, ``False``
+never.)")
       .def(
           py::init([](std::optional<std::chrono::milliseconds> timeout,
                       bool highPriorityStream,
@@ -88,7 +94,8 @@ Pass as ``pg_options`` to ``init_process_group`` / ``new_group``. Fields left
                       std::optional<int> maxCtas,
                       std::optional<std::string> netName,
                       std::optional<bool> splitShare,
-                      std::optional<std::string> commName) {
+                      std::optional<std::string> commName,
+                      std::optional<bool> copyEngineReduceScatter) {
             auto o = std::make_shared<NcclCoreOptions>();
             o->timeout = timeout;
             o->highPriorityStream = highPriorityStream;
@@ -99,6 +106,7 @@ Pass as ``pg_options`` to ``init_process_group`` / ``new_group``. Fields left
             o->netName = std::move(netName);
             o->splitShare = splitShare;
             o->commName = std::move(commName);
+            o->copyEngineReduceScatter = copyEngineReduceScatter;
             o->validate();
             return o;
           }),
@@ -111,7 +119,8 @@ Pass as ``pg_options`` to ``init_process_group`` / ``new_group``. Fields left
           py::arg("max_ctas") = py::none(),
           py::arg("net_name") = py::none(),
           py::arg("split_share") = py::none(),
-          py::arg("comm_name") = py::none())
+          py::arg("comm_name") = py::none(),
+          py::arg("copy_engine_reduce_scatter") = py::none())
       .def_readwrite("timeout", &NcclCoreOptions::timeout)
       .def_readwrite(
           "high_priority_stream", &NcclCoreOptions::highPriorityStream)
@@ -122,6 +131,9 @@ Pass as ``pg_options`` to ``init_process_group`` / ``new_group``. Fields left
       .def_readwrite("net_name", &NcclCoreOptions::netName)
       .def_readwrite("split_share", &NcclCoreOptions::splitShare)
       .def_readwrite("comm_name", &NcclCoreOptions::commName)
+      .def_readwrite(
+          "copy_engine_reduce_scatter",
+          &NcclCoreOptions::copyEngineReduceScatter)
       .def("__repr__", &repr);
 }
 

@@ -55,7 +55,7 @@ def test_entry_point_declared():
 def test_options_defaults_and_round_trip():
     o = torch_nccl_core.Options()
     assert o.timeout is None and o.blocking is None and o.comm_name is None
-    assert o.high_priority_stream is False
+    assert o.high_priority_stream is False and o.copy_engine_reduce_scatter is None
     o = torch_nccl_core.Options(
         timeout=datetime.timedelta(seconds=7),
         high_priority_stream=True,
@@ -66,10 +66,13 @@ def test_options_defaults_and_round_trip():
         net_name="Socket",
         split_share=True,
         comm_name="trainer",
+        copy_engine_reduce_scatter=False,
     )
     assert o.timeout == datetime.timedelta(seconds=7)
     assert (o.blocking, o.cga_cluster_size, o.min_ctas, o.max_ctas) == (True, 4, 2, 16)
     assert (o.net_name, o.split_share, o.comm_name) == ("Socket", True, "trainer")
+    assert o.copy_engine_reduce_scatter is False
+    assert "copy_engine_reduce_scatter=False" in repr(o)
     assert "comm_name='trainer'" in repr(o) and "high_priority_stream=True" in repr(o)
 
 

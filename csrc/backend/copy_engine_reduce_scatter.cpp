@@ -1,0 +1,176 @@
+#include "backend/copy_engine_reduce_scatter.h"
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <algorithm>
+
+#include "backend/launch.h"
+#include "nccl/onesided.h"
+#include "nccl/window_pointers.h"
+
+namespace nccl_core {
+
+namespace {
+
+using RedOpType = c10d::ReduceOp::RedOpType;
+
+// Ops and dtypes whose ATen reduction gives NCCL's result (bool and float8
+// excluded: NCCL reduces them as bytes or not at all).
+bool reducesLikeNccl(RedOpType op, at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kBFloat16:
+      return op == RedOpType::SUM || op == RedOpType::AVG ||
+             op == RedOpType::PRODUCT || op == RedOpType::MIN ||
+             op == RedOpType::MAX;
+    case at::kByte:
+    case at::kChar:
+    case at::kInt:
+    case at::kLong:
+      return op == RedOpType::SUM || op == RedOpType::PRODUCT ||
+             op == RedOpType::MIN || op == RedOpType::MAX;
+    default:
+      return false;
+  }
+}
+
+// `into` = `into` op `other`, or (first) `into` = `mine` op `other`.
+void combine(
+    at::Tensor& into,
+    const at::Tensor& mine,
+    const at::Tensor& other,
+    RedOpType op) {
+  switch (op) {
+    case RedOpType::PRODUCT:
+      at::mul_out(into, mine, other);
+      return;
+    case RedOpType::MIN:
+      at::minimum_out(into, mine, other);
+      return;
+    case RedOpType::MAX:
+      at::maximum_out(into, mine, other);
+      return;
+    default: // SUM, AVG
+      at::add_out(into, mine, other);
+  }
+}
+
+} // namespace
+
+CopyEngineReduceScatter::CopyEngineReduceScatter(
+    Communicator& comm,
+    EventPool& events)
+    : comm_(comm),
+      started_(events.acquire()),
+      copied_(events.acquire()),
+      reduced_(events.acquire()) {}
+
+bool CopyEngineReduceScatter::suits(
+    const at::Tensor& output,
+    RedOpType op,
+    bool always,
+    cudaStream_t stream) {
+  if (comm_.size() < 2 || !reducesLikeNccl(op, output.scalar_type()) ||
+      (!always && static_cast<size_t>(output.nbytes()) < kMinOutputBytes) ||
+      isCapturing(stream)) {
+    return false;
+  }
+  if (!allPeersLoadStore_) {
+    allPeersLoadStore_ =
+        windowAddressesReadable() && lsaTeam(comm_).size == comm_.size();
+  }
+  return *allPeersLoadStore_;
+}
+
+void CopyEngineReduceScatter::enqueue(
+    const at::Tensor& output,
+    const at::Tensor& input,
+    RedOpType op,
+    cudaStream_t stream) {
+  const int size = comm_.size();
+  const int self = comm_.rank();
+  const size_t region = kSlots * kChunkBytes; // per sender
+  SignalWindow& signals = comm_.signals();
+  const Staging& staging = comm_.staging((size - 1) * region);
+  const PeerBuffer& buffer = staging.buffer();
+  cudaStream_t copies = staging.copies();
+  cudaStream_t reductions = staging.reductions();
+  // Sender `from`'s region in rank `to`'s staging.
+  const auto regionOf = [](int from, int to) {
+    return static_cast<size_t>(from < to ? from : from - 1);
+  };
+
+  C10_CUDA_CHECK(cudaEventRecord(started_.get(), stream));
+  C10_CUDA_CHECK(cudaStreamWaitEvent(copies, started_.get(), 0));
+  C10_CUDA_CHECK(cudaStreamWaitEvent(reductions, started_.get(), 0));
+
+  const at::Tensor out = output.view(-1);
+  const at::Tensor in = input.view(-1);
+  const int64_t count = out.numel();
+  const int64_t elementSize = out.element_size();
+  // At least two chunks, so that reducing one overlaps copying the next.
+  const int64_t chunk = std::max<int64_t>(
+      1,
+      std::min<int64_t>(
+          static_cast<int64_t>(kChunkBytes) / elementSize, (count + 1) / 2));
+  const auto* source = static_cast<const char*>(in.data_ptr());
+  const at::cuda::CUDAStream reduceStream = at::cuda::getStreamFromExternal(
+      reductions, static_cast<c10::DeviceIndex>(comm_.device()));
+  c10::cuda::CUDAStreamGuard onReductions(reduceStream);
+
+  for (int64_t first = 0; first < count; first += chunk) {
+    const int64_t n = std::min(chunk, count - first);
+    const size_t slotOffset = nextSlot_ * kChunkBytes;
+    if (slotsInUse_ == kSlots) {
+      // The oldest slot, the one reused now, is free once every peer says so.
+      signals.waitAllPeers(SignalChannel::StagingFreed, 1, copies);
+      --slotsInUse_;
+    }
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer == self) {
+        continue;
+      }
+      const uintptr_t target =
+          buffer.remote(peer) + regionOf(self, peer) * region + slotOffset;
+      C10_CUDA_CHECK(cudaMemcpyAsync(
+          reinterpret_cast<void*>(target),
+          source + (peer * count + first) * elementSize,
+          n * elementSize,
+          cudaMemcpyDeviceToDevice,
+          copies));
+    }
+    signals.signalAllPeers(SignalChannel::StagingFilled, copies);
+    ++slotsInUse_;
+
+    signals.waitAllPeers(SignalChannel::StagingFilled, 1, reductions);
+    at::Tensor into = out.narrow(0, first, n);
+    const at::Tensor mine = in.narrow(0, self * count + first, n);
+    bool firstPeer = true;
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer == self) {
+        continue;
+      }
+      const at::Tensor theirs = at::from_blob(
+          static_cast<char*>(buffer.local()) + regionOf(peer, self) * region +
+              slotOffset,
+          {n},
+          out.options());
+      combine(into, firstPeer ? mine : into, theirs, op);
+      firstPeer = false;
+    }
+    if (op == RedOpType::AVG) {
+      into.div_(size);
+    }
+    signals.signalAllPeers(SignalChannel::StagingFreed, reductions);
+    nextSlot_ = (nextSlot_ + 1) % kSlots;
+  }
+  C10_CUDA_CHECK(cudaEventRecord(copied_.get(), copies));
+  C10_CUDA_CHECK(cudaEventRecord(reduced_.get(), reductions));
+  C10_CUDA_CHECK(cudaStreamWaitEvent(stream, copied_.get(), 0));
+  C10_CUDA_CHECK(cudaStreamWaitEvent(stream, reduced_.get(), 0));
+}
+
+} // namespace nccl_core

@@ -1,0 +1,64 @@
+// Reduce-scatter through the copy engine, for groups whose ranks all map each
+// other's memory (one NVLink domain). On 2 H200s NCCL's reduce-scatter moves
+// 1 GiB at ~275 GB/s bus bandwidth, while copy-engine writes to a peer reach
+// ~388 GB/s (docs/performance.md). Here each rank writes, chunk by chunk, the
+// parts its peers own into their staging memory, and each rank reduces a
+// chunk with ATen kernels while the next one is in flight. Signals (one-
+// thread kernels on the communicator's signal window) say a chunk arrived and
+// a staging slot is free again.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+#include <optional>
+
+#include "backend/event_pool.h"
+#include "nccl/communicator.h"
+
+namespace nccl_core {
+
+class CopyEngineReduceScatter {
+ public:
+  CopyEngineReduceScatter(Communicator& comm, EventPool& events);
+  CopyEngineReduceScatter(const CopyEngineReduceScatter&) = delete;
+  CopyEngineReduceScatter& operator=(const CopyEngineReduceScatter&) = delete;
+
+  // Whether a reduce-scatter of `op` into `output` takes this path: every
+  // peer load/store reachable, an op and dtype ATen reduces as NCCL does, not
+  // captured in a CUDA graph, and,
+  // unless `always`, an output of at least kMinOutputBytes. The same answer
+  // on every rank for the same call.
+  bool suits(
+      const at::Tensor& output,
+      c10d::ReduceOp::RedOpType op,
+      bool always,
+      cudaStream_t stream);
+
+  // Enqueues output = reduction over ranks of their input part for this rank,
+  // ordered after `stream`'s earlier work and before its later work.
+  void enqueue(
+      const at::Tensor& output,
+      const at::Tensor& input,
+      c10d::ReduceOp::RedOpType op,
+      cudaStream_t stream);
+
+  // Measured (docs/performance.md): below this NCCL's kernels win.
+  static constexpr size_t kMinOutputBytes = size_t{32} << 20;
+
+ private:
+  // Staging per sender: kSlots chunks of at most kChunkBytes.
+  static constexpr size_t kChunkBytes = size_t{32} << 20;
+  static constexpr int kSlots = 2;
+
+  Communicator& comm_;
+  EventPool::Event started_, copied_, reduced_;
+  std::optional<bool> allPeersLoadStore_;
+  // Host bookkeeping of the staging slots (why a captured op cannot take
+  // this path): slots at each peer written and not yet freed.
+  int slotsInUse_ = 0;
+  int nextSlot_ = 0;
+};
+
+} // namespace nccl_core

@@ -1,0 +1,180 @@
+"""reduce_scatter_tensor through the copy engine (Options.copy_engine_reduce_scatter).
+
+The path writes each peer's part into its staging memory chunk by chunk and reduces with ATen
+kernels; these tests run it at every op, dtype and size of the collective sweep, across several
+staging slots, next to other collectives and one-sided signals, and check that it is the path
+that ran (its kernels appear in a profile, NCCL's reduce-scatter kernel does not).
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
+
+import torch_nccl_core
+
+from .helpers import (
+    ASYNC_MODES,
+    SWEEP_NUMEL,
+    WORLD_SIZE,
+    all_ranks,
+    assert_equal,
+    complete,
+    make_reduce_op,
+    poisoned,
+    rank_tensor,
+    reduce_cases,
+    reference_reduce,
+)
+
+MIB = 1 << 20
+# Output elements (float32) of an op spanning three 32 MiB chunks, so that the
+# two staging slots are reused within one op; odd, so the last chunk is short.
+THREE_CHUNKS = (80 * MIB) // 4 + 3
+
+
+def _group(copy_engine: bool | None) -> dist.ProcessGroup:
+    options = torch_nccl_core.Options(copy_engine_reduce_scatter=copy_engine)
+    return dist.new_group(backend="nccl_core", pg_options=options)
+
+
+@pytest.fixture(scope="module")
+def always():
+    group = _group(True)
+    yield group
+    dist.destroy_process_group(group)
+
+
+def _reduce_scatter(group, numel, dtype, rank, op="sum", *, salt=0, async_op=False):
+    """Runs one reduce-scatter of `numel` output elements; returns (output, expected)."""
+    inputs = all_ranks(numel * WORLD_SIZE, dtype, salt=salt)
+    expected = reference_reduce(inputs, op)[rank * numel : (rank + 1) * numel]
+    output = poisoned(expected)
+    work = dist.reduce_scatter_tensor(
+        output, inputs[rank], op=make_reduce_op(op, dtype), group=group, async_op=async_op
+    )
+    complete(work, async_op)
+    return output, expected
+
+
+def _kernels(call) -> list[str]:
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    return [event.name for event in prof.events()]
+
+
+@pytest.mark.parametrize("async_op", ASYNC_MODES)
+@pytest.mark.parametrize(("op", "dtype", "numel"), reduce_cases())
+def test_every_op_dtype_and_size(rank, always, op, dtype, numel, async_op):
+    output, expected = _reduce_scatter(always, numel, dtype, rank, op, async_op=async_op)
+    assert_equal(output, expected)
+
+
+def test_ops_spanning_many_slots_in_a_row(rank, always):
+    results = [
+        _reduce_scatter(always, THREE_CHUNKS, torch.float32, rank, salt=salt) for salt in range(3)
+    ]
+    for output, expected in results:
+        assert_equal(output, expected)
+
+
+def test_it_is_the_path_that_runs(rank):
+    copy_engine, nccl = _group(True), _group(False)
+    ran = {
+        name: _kernels(lambda g=group: _reduce_scatter(g, SWEEP_NUMEL, torch.float32, rank))
+        for name, group in (("copy_engine", copy_engine), ("nccl", nccl))
+    }
+    dist.destroy_process_group(copy_engine)
+    dist.destroy_process_group(nccl)
+    assert any("waitKernel" in k for k in ran["copy_engine"]), ran["copy_engine"]
+    assert not any("ReduceScatter" in k for k in ran["copy_engine"]), ran["copy_engine"]
+    assert any("ReduceScatter" in k for k in ran["nccl"]), ran["nccl"]
+    assert not any("waitKernel" in k for k in ran["nccl"]), ran["nccl"]
+
+
+def test_by_default_from_the_measured_size(rank):
+    group = _group(None)
+    small = 1 << 16
+    large = (32 * MIB) // 4  # the threshold, in float32 elements
+    ran = {
+        numel: _kernels(lambda n=numel: _reduce_scatter(group, n, torch.float32, rank))
+        for numel in (small, large)
+    }
+    dist.destroy_process_group(group)
+    assert any("ReduceScatter" in k for k in ran[small]), ran[small]
+    assert any("waitKernel" in k for k in ran[large]), ran[large]
+
+
+def test_between_other_collectives_on_a_side_stream(rank, always):
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        first, first_expected = _reduce_scatter(always, 4097, torch.float32, rank, salt=1)
+        summed = rank_tensor(4097, torch.float32, rank)
+        dist.all_reduce(summed, group=always)
+        second, second_expected = _reduce_scatter(
+            always, 4097, torch.float32, rank, salt=2, async_op=True
+        )
+    side.synchronize()
+    assert_equal(first, first_expected)
+    assert_equal(summed, reference_reduce(all_ranks(4097, torch.float32), "sum"))
+    assert_equal(second, second_expected)
+
+
+def test_user_signals_are_not_taken_by_it(rank, world_size, always):
+    """One-sided signals and the reduce-scatter's signals count apart."""
+    comm = torch_nccl_core.communicator(always)
+    window_memory = torch_nccl_core.empty(SWEEP_NUMEL, group=always, window=True)
+    window = comm.find_window(window_memory)
+    source = rank_tensor(SWEEP_NUMEL, torch.float32, rank)
+    peer, previous = (rank + 1) % world_size, (rank - 1) % world_size
+    comm.put_signal(source, peer, window)
+    output, expected = _reduce_scatter(always, 4097, torch.float32, rank)
+    comm.wait_signal(torch_nccl_core.WaitSignalDesc(previous))
+    torch.cuda.synchronize()
+    received = window_memory.clone()
+    dist.barrier(group=always)
+    window.close()
+    assert_equal(output, expected)
+    assert_equal(received, rank_tensor(SWEEP_NUMEL, torch.float32, previous))
+
+
+def test_captured_in_a_cuda_graph_it_leaves_the_op_to_nccl(rank, always):
+    numel = 4097
+    inputs = all_ranks(numel * WORLD_SIZE, torch.float32)
+    source = inputs[rank].clone()
+    output = torch.zeros(numel, device="cuda")
+    dist.barrier(group=always)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dist.reduce_scatter_tensor(output, source, group=always)
+    results = []
+    for step in range(3):
+        source.copy_(inputs[rank] * (step + 1))
+        graph.replay()
+        results.append(output.clone())
+    torch.cuda.synchronize()
+    total = reference_reduce(inputs, "sum")[rank * numel : (rank + 1) * numel]
+    for step, result in enumerate(results):
+        assert_equal(result, total * (step + 1))
+
+
+@pytest.mark.timeout(60, method="thread")
+def test_destroying_the_group_ends_a_reduce_scatter_its_peer_never_joins(rank):
+    group = _group(True)
+    _reduce_scatter(group, SWEEP_NUMEL, torch.float32, rank)  # staging made on both ranks
+    side = torch.cuda.Stream()
+    if rank == 0:
+        with torch.cuda.stream(side):  # waits for rank 1's part, which never comes
+            dist.reduce_scatter_tensor(
+                torch.empty(SWEEP_NUMEL, device="cuda"),
+                torch.ones(SWEEP_NUMEL * WORLD_SIZE, device="cuda"),
+                group=group,
+            )
+    dist.destroy_process_group(group)
+    side.synchronize()  # returns: the abort ended the waits
+    gc.collect()
