@@ -63,10 +63,7 @@ void combine(
 CopyEngineReduceScatter::CopyEngineReduceScatter(
     Communicator& comm,
     EventPool& events)
-    : comm_(comm),
-      started_(events.acquire()),
-      copied_(events.acquire()),
-      reduced_(events.acquire()) {}
+    : comm_(comm), order_(events.acquire()) {}
 
 bool CopyEngineReduceScatter::suits(
     const at::Tensor& output,
@@ -97,16 +94,22 @@ void CopyEngineReduceScatter::enqueue(
   const Staging& staging = comm_.staging((size - 1) * region);
   const PeerBuffer& buffer = staging.buffer();
   cudaStream_t copies = staging.copies();
+  cudaStream_t gate = staging.gate();
+  cudaStream_t signalling = staging.signals();
   cudaStream_t reductions = staging.reductions();
   // Sender `from`'s region in rank `to`'s staging.
   const auto regionOf = [](int from, int to) {
     return static_cast<size_t>(from < to ? from : from - 1);
   };
+  // `waiter` goes on once `stream`'s work so far is done. One event serves
+  // every pair: a wait takes the event as last recorded.
+  const auto after = [&](cudaStream_t waiter, cudaStream_t stream) {
+    C10_CUDA_CHECK(cudaEventRecord(order_.get(), stream));
+    C10_CUDA_CHECK(cudaStreamWaitEvent(waiter, order_.get(), 0));
+  };
 
-  C10_CUDA_CHECK(cudaEventRecord(started_.get(), stream));
-  C10_CUDA_CHECK(cudaStreamWaitEvent(copies, started_.get(), 0));
-  C10_CUDA_CHECK(cudaStreamWaitEvent(reductions, started_.get(), 0));
-
+  after(copies, stream);
+  after(reductions, stream);
   const at::Tensor out = output.view(-1);
   const at::Tensor in = input.view(-1);
   const int64_t count = out.numel();
@@ -125,8 +128,10 @@ void CopyEngineReduceScatter::enqueue(
     const int64_t n = std::min(chunk, count - first);
     const size_t slotOffset = nextSlot_ * kChunkBytes;
     if (slotsInUse_ == kSlots) {
-      // The oldest slot, the one reused now, is free once every peer says so.
-      signals.waitAllPeers(SignalChannel::StagingFreed, 1, copies);
+      // The slot reused now (the oldest) is free once every peer says so.
+      // Waited for on `gate`, so that only the copy that needs it waits.
+      signals.waitAllPeers(SignalChannel::StagingFreed, 1, gate);
+      after(copies, gate);
       --slotsInUse_;
     }
     for (int peer = 0; peer < size; ++peer) {
@@ -142,7 +147,9 @@ void CopyEngineReduceScatter::enqueue(
           cudaMemcpyDeviceToDevice,
           copies));
     }
-    signals.signalAllPeers(SignalChannel::StagingFilled, copies);
+    // Signalled from another stream: the next copy starts at once.
+    after(signalling, copies);
+    signals.signalAllPeers(SignalChannel::StagingFilled, signalling);
     ++slotsInUse_;
 
     signals.waitAllPeers(SignalChannel::StagingFilled, 1, reductions);
@@ -167,10 +174,11 @@ void CopyEngineReduceScatter::enqueue(
     signals.signalAllPeers(SignalChannel::StagingFreed, reductions);
     nextSlot_ = (nextSlot_ + 1) % kSlots;
   }
-  C10_CUDA_CHECK(cudaEventRecord(copied_.get(), copies));
-  C10_CUDA_CHECK(cudaEventRecord(reduced_.get(), reductions));
-  C10_CUDA_CHECK(cudaStreamWaitEvent(stream, copied_.get(), 0));
-  C10_CUDA_CHECK(cudaStreamWaitEvent(stream, reduced_.get(), 0));
+  // The op is done on `stream` once its inputs were read and every stream
+  // that worked for it is through.
+  for (cudaStream_t worker : {copies, signalling, reductions}) {
+    after(stream, worker);
+  }
 }
 
 } // namespace nccl_core

@@ -50,10 +50,10 @@ class CopyEngineReduceScatter {
  private:
   // Staging per sender: kSlots chunks of at most kChunkBytes.
   static constexpr size_t kChunkBytes = size_t{32} << 20;
-  static constexpr int kSlots = 2;
+  static constexpr int kSlots = 3;
 
   Communicator& comm_;
-  EventPool::Event started_, copied_, reduced_;
+  EventPool::Event order_; // orders the streams (see enqueue)
   std::optional<bool> allPeersLoadStore_;
   // Host bookkeeping of the staging slots (why a captured op cannot take
   // this path): slots at each peer written and not yet freed.

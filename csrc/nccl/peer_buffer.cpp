@@ -41,20 +41,22 @@ PeerBuffer::PeerBuffer(Communicator& comm, size_t bytes) : bytes_(bytes) {
 Staging::Staging(Communicator& comm, size_t bytes)
     : buffer_(comm, bytes), device_(comm.device()) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
-  copies_ = newStream();
-  reductions_ = newStream();
+  for (cudaStream_t& stream : streams_) {
+    stream = newStream();
+  }
 }
 
 Staging::~Staging() {
   // Work still queued completes first; the streams go afterwards.
-  C10_CUDA_CHECK_WARN(cudaStreamDestroy(copies_));
-  C10_CUDA_CHECK_WARN(cudaStreamDestroy(reductions_));
+  for (cudaStream_t stream : streams_) {
+    C10_CUDA_CHECK_WARN(cudaStreamDestroy(stream));
+  }
 }
 
 void Staging::drain(std::chrono::milliseconds limit) const noexcept {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   const auto deadline = std::chrono::steady_clock::now() + limit;
-  for (cudaStream_t stream : {copies_, reductions_}) {
+  for (cudaStream_t stream : streams_) {
     while (cudaStreamQuery(stream) == cudaErrorNotReady &&
            std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -32,9 +32,9 @@ from .helpers import (
 )
 
 MIB = 1 << 20
-# Output elements (float32) of an op spanning three 32 MiB chunks, so that the
-# two staging slots are reused within one op; odd, so the last chunk is short.
-THREE_CHUNKS = (80 * MIB) // 4 + 3
+# Output elements (float32) of an op spanning five 32 MiB chunks, so that the
+# three staging slots are reused within one op; odd, so the last chunk is short.
+FIVE_CHUNKS = (128 * MIB) // 4 + 3
 
 
 def _group(copy_engine: bool | None) -> dist.ProcessGroup:
@@ -77,7 +77,7 @@ def test_every_op_dtype_and_size(rank, always, op, dtype, numel, async_op):
 
 def test_ops_spanning_many_slots_in_a_row(rank, always):
     results = [
-        _reduce_scatter(always, THREE_CHUNKS, torch.float32, rank, salt=salt) for salt in range(3)
+        _reduce_scatter(always, FIVE_CHUNKS, torch.float32, rank, salt=salt) for salt in range(3)
     ]
     for output, expected in results:
         assert_equal(output, expected)
