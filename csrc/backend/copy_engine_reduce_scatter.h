@@ -27,9 +27,8 @@ class CopyEngineReduceScatter {
 
   // Whether a reduce-scatter of `op` into `output` takes this path: every
   // peer load/store reachable, an op and dtype ATen reduces as NCCL does, not
-  // captured in a CUDA graph, and,
-  // unless `always`, an output of at least kMinOutputBytes. The same answer
-  // on every rank for the same call.
+  // captured in a CUDA graph, and (unless `always`) an output of at least
+  // kMinOutputBytes. The same answer on every rank for the same call.
   bool suits(
       const at::Tensor& output,
       c10d::ReduceOp::RedOpType op,
@@ -44,7 +43,8 @@ class CopyEngineReduceScatter {
       c10d::ReduceOp::RedOpType op,
       cudaStream_t stream);
 
-  // Measured (docs/performance.md): below this NCCL's kernels win.
+  // Measured (docs/bench/reduce_scatter_crossover.md): below this NCCL's
+  // kernel wins.
   static constexpr size_t kMinOutputBytes = size_t{32} << 20;
 
  private:
