@@ -18,7 +18,8 @@ Memory variants (--variants): ``plain`` (torch's caching allocator), ``nccl_mem`
 ``window`` (torch_nccl_core.empty(window=True): a symmetric window of the
 nccl_core group) and ``nccl_pool`` (the built-in backend's own MemPool,
 registered with its communicator). Variants and backends of one (op, size) are
-measured next to each other, ``--repeats`` times in turn, best time kept.
+measured next to each other, ``--repeats`` times in turn, best time kept; a
+variant's time against ``plain`` is the median of the ratios within each repeat.
 
 Metrics per (variant, op, size, backend), each the max over ranks:
 
@@ -508,6 +509,7 @@ class Row:
     time_us: float
     host_us: float
     factor: float | None  # nccl-tests bus factor; None: no bandwidth (barrier)
+    samples_us: list[float]  # time of each repeat, in measurement order; time_us is the least
 
     @property
     def algbw(self) -> float | None:
@@ -524,7 +526,8 @@ def sweep(args, envs: dict[str, Env], groups: dict, sync) -> list[Row]:
     """For each op and size: each memory variant, each backend: check (at two sizes), then time.
 
     Variants and backends of one (op, size) are measured next to each other, `--repeats` times
-    in turn, keeping each one's best time, so that they compare under the same conditions.
+    in turn, keeping each one's best time and every repeat's time (`samples_us`), so that they
+    compare under the same conditions.
     """
     rows = []
     rank, world = next(iter(envs.values())).rank, next(iter(envs.values())).world
@@ -546,10 +549,12 @@ def sweep(args, envs: dict[str, Env], groups: dict, sync) -> list[Row]:
                             verify(case, fn, sync, what)
                         iters, per_op, host = measure(fn, sync, args)
                         row = Row(variant, op_name, nbytes, label, iters, per_op * 1e6,
-                                  host * 1e6, factor)  # fmt: skip
+                                  host * 1e6, factor, [])  # fmt: skip
                         key = (variant, label)
+                        samples = best[key].samples_us if key in best else []
                         if key not in best or row.time_us < best[key].time_us:
                             best[key] = row
+                        best[key].samples_us = [*samples, per_op * 1e6]
             for row in best.values():
                 rows.append(row)
                 if rank == 0:
@@ -586,6 +591,16 @@ def progress_line(r: Row) -> str:
         f"iters {r.iters:4d}  time {r.time_us:11.2f} us  host {r.host_us:8.2f} us  "
         f"busbw {fmt(r.busbw, '8.2f') or '-':>8} GB/s"
     )
+
+
+def paired_ratio(base: Row, other: Row) -> float:
+    """Median over repeats of other's time / base's time in the same repeat.
+
+    The two were measured next to each other in every repeat, so each pair shares the conditions
+    of its moment (host load, clocks) and drift between repeats cancels out of the ratio.
+    """
+    pairs = zip(base.samples_us, other.samples_us, strict=True)
+    return statistics.median(o / b for b, o in pairs)
 
 
 def pivot(rows: list[Row]) -> dict[tuple[str, str, int], dict[str, Row]]:
@@ -674,8 +689,9 @@ def memory_table(rows: list[Row], labels: list[str]) -> list[str]:
         cols += [f"{v} time / plain", f"{v} busbw / {base} plain"]
     out = ["", "## memory variants against plain memory", ""]
     out += [
-        "time ratios below 1 mean the variant is faster than the same backend on plain memory;",
-        f"bandwidth ratios compare with {base} on plain memory.",
+        "time ratios below 1 mean the variant is faster than the same backend on plain memory",
+        "(median over the repeats of the ratio within each repeat, where the two ran next to",
+        f"each other); bandwidth ratios (best times) compare with {base} on plain memory.",
         "",
         "| " + " | ".join(cols) + " |",
         "|---|---|---|" + "---:|" * (len(cols) - 3),
@@ -689,7 +705,7 @@ def memory_table(rows: list[Row], labels: list[str]) -> list[str]:
             for v in variants:
                 other = table.get((v, op, nbytes), {}).get(label)
                 cells += [
-                    fmt(ratio(plain.time_us, other.time_us) if other else None, ".3f"),
+                    fmt(paired_ratio(plain, other) if other else None, ".3f"),
                     fmt(ratio(by[base].busbw, other.busbw) if other else None, ".3f"),
                 ]
             out.append("| " + " | ".join(cells) + " |")

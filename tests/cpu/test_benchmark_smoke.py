@@ -25,3 +25,20 @@ def test_benchmark_writes_its_outputs(tmp_path):
     assert all(float(row["time_us"]) > 0 for row in rows)
     assert "| all_reduce | 8 B |" in (tmp_path / "collectives.md").read_text()
     assert (tmp_path / "collectives_ratio.png").stat().st_size > 0
+
+
+def test_variant_ratio_pairs_the_repeats():
+    """Drift between repeats (a slow second repeat for both) cancels out of the ratio."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import collectives
+    finally:
+        sys.path.pop(0)
+
+    def row(samples):
+        return collectives.Row("v", "all_reduce", 8, "b", 1, min(samples), 1.0, 1.0, samples)
+
+    plain, registered = row([10.0, 20.0, 10.0]), row([10.5, 21.0, 10.5])
+    assert collectives.paired_ratio(plain, registered) == 1.05
+    # Best time against best time would call this equal: 10.0 / 10.0.
+    assert collectives.paired_ratio(row([10.0, 30.0, 30.0]), row([11.0, 10.0, 10.0])) < 0.5
