@@ -3,6 +3,8 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
 
+#include <cstring>
+
 namespace nccl_core {
 
 const char* resultName(ncclResult_t result) {
@@ -51,6 +53,13 @@ std::string describe(
   const char* last = ncclGetLastError(comm);
   if (last != nullptr && last[0] != '\0') {
     msg += c10::str(". Last NCCL error: ", last);
+    // NCCL's bootstrap opens short-lived TCP connections for every window
+    // registration; fast register/close churn runs out of local ports.
+    if (std::strstr(last, "Cannot assign requested address") != nullptr) {
+      msg += ". If this follows many window registrations: each one opens "
+             "short-lived TCP connections that the host keeps in TIME_WAIT for "
+             "a minute, so register windows once and reuse them";
+    }
   }
   return msg;
 }
