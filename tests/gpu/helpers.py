@@ -8,7 +8,9 @@ all of its collectives have run.
 from __future__ import annotations
 
 import math
+import os
 import re
+import time
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -208,3 +210,30 @@ def probe_group(group: dist.ProcessGroup | None = None) -> tuple[torch.Tensor, t
     tensor = rank_tensor(257, torch.float32, dist.get_rank())
     dist.all_reduce(tensor, group=group)
     return tensor, reference_reduce([rank_tensor(257, torch.float32, r) for r in members], "sum")
+
+
+def register_close_cycles(
+    comm: torch_nccl_core.Communicator, register: Callable, cycles: int
+) -> dict[str, float]:
+    """Registers 4 MiB of NCCL memory with `register` (comm.register_buffer or register_window)
+    and closes it, `cycles` times after a warm-up; returns what that left behind (device bytes,
+    file descriptors, resources) and the time a cycle took."""
+    memory = torch_nccl_core.empty(1 << 20)
+    for _ in range(20):  # NCCL's own first-use allocations
+        register(memory).close()
+    torch.cuda.synchronize()
+    free_before, _ = torch.cuda.mem_get_info()
+    fds_before, resources_before = len(os.listdir("/proc/self/fd")), comm._resource_count()
+    start = time.perf_counter()
+    for _ in range(cycles):
+        register(memory).close()
+    seconds = time.perf_counter() - start
+    torch.cuda.synchronize()
+    free_after, _ = torch.cuda.mem_get_info()
+    return {
+        "cycles": cycles,
+        "ms_per_cycle": seconds / cycles * 1e3,
+        "device_bytes_lost": free_before - free_after,
+        "fds_gained": len(os.listdir("/proc/self/fd")) - fds_before,
+        "resources_gained": comm._resource_count() - resources_before,
+    }

@@ -29,6 +29,7 @@ from .helpers import (
     raised_by,
     rank_tensor,
     reference_reduce,
+    register_close_cycles,
 )
 
 CLOSED = "was closed"
@@ -232,18 +233,11 @@ def test_pre_mul_sum_refuses_other_groups_and_dtypes(rank):
 def test_buffer_register_close_cycles_leak_nothing(rank):
     """10,000 buffer register/close cycles: no device memory or resource is left behind."""
     comm = torch_nccl_core.communicator()
-    t = torch_nccl_core.empty(1 << 20)
-    for _ in range(20):  # warm-up: NCCL's own first-use allocations
-        comm.register_buffer(t).close()
-    torch.cuda.synchronize()
-    free_before, _ = torch.cuda.mem_get_info()
-    count_before = comm._resource_count()
-    for _ in range(CYCLES):
-        comm.register_buffer(t).close()
-    torch.cuda.synchronize()
-    free_after, _ = torch.cuda.mem_get_info()
-    assert comm._resource_count() == count_before
-    assert free_before - free_after < (32 << 20)
+    report = register_close_cycles(comm, comm.register_buffer, CYCLES)
+    print(report)
+    assert report["resources_gained"] == 0
+    assert report["fds_gained"] < 16
+    assert report["device_bytes_lost"] < (32 << 20)
 
 
 def _child_world_env(rank: int, port: int) -> dict[str, str]:
