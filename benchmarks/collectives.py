@@ -540,6 +540,7 @@ def sweep(args, envs: dict[str, Env], groups: dict, sync) -> list[Row]:
             # buffers of every variant, shared by the backends at this size
             cases = {variant: op_cls(nbytes, env) for variant, env in envs.items()}
             best: dict[tuple[str, str], Row] = {}
+            samples: dict[tuple[str, str], list[float]] = {}
             for repeat in range(args.repeats):
                 for variant, case in cases.items():
                     for label, group in groups.items():
@@ -551,11 +552,11 @@ def sweep(args, envs: dict[str, Env], groups: dict, sync) -> list[Row]:
                         row = Row(variant, op_name, nbytes, label, iters, per_op * 1e6,
                                   host * 1e6, factor, [])  # fmt: skip
                         key = (variant, label)
-                        samples = best[key].samples_us if key in best else []
+                        samples.setdefault(key, []).append(row.time_us)
                         if key not in best or row.time_us < best[key].time_us:
                             best[key] = row
-                        best[key].samples_us = [*samples, per_op * 1e6]
-            for row in best.values():
+            for key, row in best.items():
+                row.samples_us = samples[key]
                 rows.append(row)
                 if rank == 0:
                     print(progress_line(row), flush=True)
@@ -615,7 +616,8 @@ def version_str(v) -> str:
     return ".".join(str(x) for x in v) if isinstance(v, tuple | list) else str(v)
 
 
-def header_lines(args, device: torch.device, world: int, core) -> list[str]:
+def environment_lines(device: torch.device, world: int, core) -> list[str]:
+    """Where a run was made: date, host, versions, device."""
     try:
         nccl_torch = version_str(torch.cuda.nccl.version())
     except (RuntimeError, AttributeError):  # CPU-only build
@@ -624,12 +626,18 @@ def header_lines(args, device: torch.device, world: int, core) -> list[str]:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     now = datetime.datetime.now().isoformat(timespec="seconds")
     return [
-        "# Collective benchmark",
-        "",
         f"- date: {now}, host {socket.gethostname()}",
         f"- torch {torch.__version__}, CUDA {torch.version.cuda}",
         f"- NCCL: torch {nccl_torch}, torch_nccl_core {nccl_core}",
         f"- device: {gpu}, world size {world}",
+    ]
+
+
+def header_lines(args, device: torch.device, world: int, core) -> list[str]:
+    return [
+        "# Collective benchmark",
+        "",
+        *environment_lines(device, world, core),
         (f"- backends: {', '.join(args.backend_labels)}; default group: {args.init_backend}"),
         (
             f"- float32; per measurement: {args.warmup} warmup calls, then "

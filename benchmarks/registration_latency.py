@@ -36,7 +36,7 @@ from collectives import (
     VARIANTS,
     Env,
     comma_list,
-    header_lines,
+    environment_lines,
     human_bytes,
     import_core,
     parse_bytes,
@@ -179,7 +179,6 @@ def parse_args():
     args.variants = ["plain", *[v for v in args.variants if v != "plain"]]
     args.sizes = size_sweep(args.min_bytes, args.max_bytes, args.step_factor)
     args.backend_labels = args.backends
-    args.warmup, args.iters, args.target_ms = WARMUP, args.calls, 0  # for header_lines
     return args
 
 
@@ -201,9 +200,8 @@ def main() -> None:
     for variant in variants.values():
         variant.close()
     if rank == 0:
-        head = header_lines(args, device, world, core)
-        head[0] = "# Registration latency benchmark"
-        text = report(args, rows, head[:6])
+        head = ["# Registration latency benchmark", "", *environment_lines(device, world, core)]
+        text = report(args, rows, head)
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "registration_latency.md"), "w") as f:
             f.write(text)
