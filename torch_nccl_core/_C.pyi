@@ -56,6 +56,7 @@ class NcclCoreBackend(Backend):
         group_name: str,
         options: Options,
         default_timeout: timedelta,
+        global_rank: int | None = None,
     ) -> None: ...
     @property
     def nccl_options(self) -> Options: ...

@@ -3,6 +3,7 @@
 #include "backend/backend.h"
 
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Logging.h>
 #include <c10/util/env.h>
 
@@ -16,7 +17,14 @@
 namespace nccl_core {
 
 namespace {
-const std::string kUniqueIdKey = "nccl_core_unique_id";
+// Shutdown waits this long past the timeout for the watchdog to fail a stuck
+// op before it gives up on its own.
+constexpr auto kShutdownSlack = std::chrono::seconds(5);
+
+// How many backends this rank made on `store` before, counted in the store.
+int64_t nextIncarnation(c10d::Store& store, int rank) {
+  return store.add(c10::str("nccl_core/incarnations/rank", rank), 1);
+}
 
 // The same value on every member of a split, different across splits.
 int splitColor(const std::vector<int>& ranks) {
@@ -35,12 +43,15 @@ NcclCoreBackend::NcclCoreBackend(
     std::string groupName,
     std::shared_ptr<const NcclCoreOptions> options,
     std::chrono::milliseconds defaultTimeout,
-    std::shared_ptr<Communicator> comm)
+    std::shared_ptr<Communicator> comm,
+    int globalRank)
     : c10d::Backend(rank, size),
       store_(std::move(store)),
       groupName_(std::make_shared<const std::string>(std::move(groupName))),
       options_(std::move(options)),
       timeout_(options_->timeout.value_or(defaultTimeout)),
+      globalRank_(globalRank >= 0 ? globalRank : rank),
+      incarnation_(nextIncarnation(*store_, rank)),
       autoRegister_(
           c10::utils::check_env("TORCH_NCCL_CORE_AUTO_REGISTER")
               .value_or(true)) {
@@ -97,13 +108,14 @@ void NcclCoreBackend::initCommunicator(at::Device device) {
       device.is_cuda() && device.has_index(),
       "nccl_core: the communicator needs a CUDA device with an index, got ",
       device);
+  const std::string idKey = storeKey("unique_id");
   ncclUniqueId id;
   if (getRank() == 0) {
     NCCL_CORE_CHECK(ncclGetUniqueId(&id));
     const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
-    store_->set(kUniqueIdKey, std::vector<uint8_t>(bytes, bytes + sizeof(id)));
+    store_->set(idKey, std::vector<uint8_t>(bytes, bytes + sizeof(id)));
   } else {
-    const std::vector<uint8_t> bytes = store_->get(kUniqueIdKey);
+    const std::vector<uint8_t> bytes = store_->get(idKey);
     TORCH_INTERNAL_ASSERT(
         bytes.size() == sizeof(id), "malformed NCCL unique id in the store");
     std::memcpy(&id, bytes.data(), sizeof(id));
@@ -116,6 +128,18 @@ void NcclCoreBackend::initCommunicator(at::Device device) {
           device.index(),
           options_->toNcclConfig(),
           timeout_));
+  if (getRank() == 0) {
+    // Every rank read the id: the initialization it joined was collective.
+    try {
+      store_->deleteKey(idKey);
+    } catch (const std::exception& e) {
+      LOG(INFO) << "[nccl_core] could not delete " << idKey << ": " << e.what();
+    }
+  }
+}
+
+std::string NcclCoreBackend::storeKey(const char* name) const {
+  return c10::str("nccl_core/", incarnation_, "/", name);
 }
 
 void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
@@ -125,7 +149,13 @@ void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
   stream_ = c10::cuda::getStreamFromPool(options_->highPriorityStream, device);
   ready_ = events_->acquire();
   watchdog_ = std::make_unique<Watchdog>(
-      comm_, failure_, store_, *groupName_, timeout_, events_->acquire());
+      comm_,
+      failure_,
+      store_,
+      *groupName_,
+      storeKey("abort"),
+      timeout_,
+      events_);
 }
 
 at::Device NcclCoreBackend::deviceForOpWithoutTensors(
@@ -141,7 +171,18 @@ at::Device NcclCoreBackend::deviceForOpWithoutTensors(
   if (auto bound = getBoundDeviceId()) {
     return *bound;
   }
-  return at::Device(at::kCUDA, c10::cuda::current_device());
+  // Not the current device: processes that never call set_device would all
+  // pick cuda:0. torch's NCCL backend guesses the same way.
+  const auto device =
+      static_cast<c10::DeviceIndex>(globalRank_ % c10::cuda::device_count());
+  TORCH_WARN_ONCE(
+      "nccl_core: group '",
+      *groupName_,
+      "' runs an op without tensors before it knows its device; using cuda:",
+      static_cast<int>(device),
+      " (global rank % device count). Pass device_id= to init_process_group "
+      "or call torch.cuda.set_device to choose.");
+  return at::Device(at::kCUDA, device);
 }
 
 c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::split(
@@ -159,7 +200,6 @@ c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::split(
       member ? splitColor(ranks) : -1,
       member ? static_cast<int>(me - ranks.begin()) : 0,
       childOptions->toNcclConfig());
-  ++splitCount_;
   if (!child) {
     return nullptr;
   }
@@ -219,6 +259,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::endCoalescing() {
         false);
   }
   coalescedGroupOpen_ = false;
+  const c10::cuda::CUDAGuard deviceGuard(*coalescedDevice_);
   comm_->check(ncclGroupEnd(), "ncclGroupEnd");
   EventPool::Event end = events_->acquire();
   C10_CUDA_CHECK(cudaEventRecord(end.get(), stream_->stream()));
@@ -231,16 +272,37 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::endCoalescing() {
       tensors,
       tensors,
       false);
-  if (!isCapturing(stream_->stream())) {
+  if (isCapturing(stream_->stream())) {
+    comm_->noteCapture(stream_->stream());
+  } else {
     watchdog_->track(work);
   }
   return work;
+}
+
+void NcclCoreBackend::abandonCoalescing() noexcept {
+  if (!coalescing_) {
+    return;
+  }
+  LOG(WARNING) << "[nccl_core] an op inside a coalescing block on group '"
+               << *groupName_ << "' raised; the block ends there"
+               << (coalescedGroupOpen_ ? " and the ops queued before it run"
+                                       : "");
+  try {
+    endCoalescing();
+  } catch (const std::exception& e) {
+    coalescing_ = false;
+    coalescedGroupOpen_ = false;
+    LOG(ERROR) << "[nccl_core] ending the coalescing block on group '"
+               << *groupName_ << "' failed: " << e.what();
+  }
 }
 
 void NcclCoreBackend::teardown(const std::string& reason) {
   if (watchdog_) {
     watchdog_->fail(reason, /*tellPeers=*/false);
     watchdog_->stop();
+    watchdog_->reapRetired();
   } else {
     failure_->set(reason);
   }
@@ -251,10 +313,22 @@ void NcclCoreBackend::abort() {
 }
 
 void NcclCoreBackend::shutdown() {
-  if (watchdog_) {
-    // Let enqueued work finish; the watchdog fails it at its timeout, so this
-    // wait is bounded.
-    while (watchdog_->hasPendingWork() && !failure_->failed()) {
+  if (watchdog_ && !failure_->failed()) {
+    // Every enqueued op, synchronous ones on the caller's streams included,
+    // finishes before NCCL goes: aborting under an op a peer is about to
+    // join would end it early and leave wrong results. The watchdog fails a
+    // stuck op at its timeout, so this wait is bounded.
+    const auto deadline =
+        std::chrono::steady_clock::now() + timeout_ + kShutdownSlack;
+    while (!watchdog_->idle() && !failure_->failed()) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        LOG(ERROR) << "[nccl_core] group '" << *groupName_
+                   << "' still has unfinished ops " << timeout_.count()
+                   << " ms (its timeout) plus "
+                   << std::chrono::seconds(kShutdownSlack).count()
+                   << " s into shutdown; aborting it";
+        break;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }

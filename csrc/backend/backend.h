@@ -8,8 +8,10 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <exception>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "backend/copy_engine_reduce_scatter.h"
 #include "backend/event_pool.h"
@@ -48,7 +50,8 @@ class NcclCoreBackend : public c10d::Backend {
       std::string groupName,
       std::shared_ptr<const NcclCoreOptions> options,
       std::chrono::milliseconds defaultTimeout,
-      std::shared_ptr<Communicator> comm = nullptr);
+      std::shared_ptr<Communicator> comm = nullptr,
+      int globalRank = -1);
   ~NcclCoreBackend() override;
 
   const std::string getBackendName() const override {
@@ -163,7 +166,7 @@ class NcclCoreBackend : public c10d::Backend {
   sharedCommunicator(std::optional<at::Device> device);
 
  private:
-  struct Launch;
+  friend class EndCoalescingOnError;
 
   // Runs `enqueue(comm, stream)` for one op. Synchronous ops run on the
   // current stream; async (and coalesced) ones on the internal stream after
@@ -195,11 +198,24 @@ class NcclCoreBackend : public c10d::Backend {
   void setupCommunicator(std::shared_ptr<Communicator> comm);
   at::Device deviceForOpWithoutTensors(const std::vector<int64_t>& deviceIds);
   void teardown(const std::string& reason);
+  // Ends a coalescing block that an op inside it left by raising (torch's
+  // _coalescing_manager then never calls endCoalescing): ops queued in it run
+  // as one tracked Work, and the group takes ops again. Never throws.
+  void abandonCoalescing() noexcept;
+  // A store key of this communicator incarnation: a group re-created under
+  // the same name (re-init in one process) never reads the previous one's.
+  std::string storeKey(const char* name) const;
 
   const c10::intrusive_ptr<c10d::Store> store_;
   const std::shared_ptr<const std::string> groupName_;
   const std::shared_ptr<const NcclCoreOptions> options_;
   const std::chrono::milliseconds timeout_;
+  // This rank in the default group, for the device of a group that is bound
+  // to none (rank % device count, as torch's NCCL backend guesses).
+  const int globalRank_;
+  // How many nccl_core backends this rank made on this store before this
+  // one, counted in the store: every rank of the group gets the same number.
+  const int64_t incarnation_;
 
   std::shared_ptr<FailureState> failure_ = std::make_shared<FailureState>();
   std::shared_ptr<Communicator> comm_;
@@ -214,13 +230,32 @@ class NcclCoreBackend : public c10d::Backend {
   std::unique_ptr<at::cuda::MemPool> memPool_;          // for allocateTensor
   std::unique_ptr<CopyEngineReduceScatter> copyEngine_; // made on first use
   uint64_t seq_ = 0;
-  int splitCount_ = 0;
 
   // Coalescing (an NCCL group spanning several ops).
   bool coalescing_ = false;
   bool coalescedGroupOpen_ = false;
   std::vector<at::Tensor> coalescedTensors_;
   std::optional<at::Device> coalescedDevice_;
+};
+
+// Placed first in every op: if the op raises inside a coalescing block, the
+// block ends (see NcclCoreBackend::abandonCoalescing).
+class EndCoalescingOnError {
+ public:
+  explicit EndCoalescingOnError(NcclCoreBackend& backend)
+      : backend_(backend.coalescing_ ? &backend : nullptr),
+        uncaught_(backend_ ? std::uncaught_exceptions() : 0) {}
+  EndCoalescingOnError(const EndCoalescingOnError&) = delete;
+  EndCoalescingOnError& operator=(const EndCoalescingOnError&) = delete;
+  ~EndCoalescingOnError() {
+    if (backend_ && std::uncaught_exceptions() > uncaught_) {
+      backend_->abandonCoalescing();
+    }
+  }
+
+ private:
+  NcclCoreBackend* const backend_;
+  const int uncaught_;
 };
 
 } // namespace nccl_core

@@ -53,6 +53,7 @@ void checkRootTensor(int64_t rootTensor, const char* op) {
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::broadcast(
     std::vector<at::Tensor>& tensors,
     const c10d::BroadcastOptions& opts) {
+  const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "broadcast";
   const at::Tensor& tensor = singleTensor(tensors, kOp, "tensor");
   checkedDevice(tensor, kOp, "tensor");
@@ -78,6 +79,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::broadcast(
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce(
     std::vector<at::Tensor>& tensors,
     const c10d::AllreduceOptions& opts) {
+  const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "allreduce";
   const at::Tensor& tensor = singleTensor(tensors, kOp, "tensor");
   checkedDevice(tensor, kOp, "tensor");
@@ -101,6 +103,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce(
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce_coalesced(
     std::vector<at::Tensor>& tensors,
     const c10d::AllreduceCoalescedOptions& opts) {
+  const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "allreduce_coalesced";
   TORCH_CHECK_VALUE(
       !tensors.empty(), "nccl_core ", kOp, ": expected at least one tensor");
@@ -146,6 +149,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce_coalesced(
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce(
     std::vector<at::Tensor>& tensors,
     const c10d::ReduceOptions& opts) {
+  const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "reduce";
   const at::Tensor& tensor = singleTensor(tensors, kOp, "tensor");
   checkedDevice(tensor, kOp, "tensor");
@@ -179,6 +183,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather(
     std::vector<std::vector<at::Tensor>>& outputs,
     std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
+  const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "allgather";
   const at::Tensor& input = singleTensor(inputs, kOp, "input");
   const c10::DeviceIndex device = checkedDevice(input, kOp, "input");
@@ -218,6 +223,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::_allgather_base(
     at::Tensor& output,
     at::Tensor& input,
     const c10d::AllgatherOptions& opts) {
+  const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "allgather_into_tensor";
   const c10::DeviceIndex device = checkedDevice(input, kOp, "input");
   checkTensor(output, device, kOp, "output");
@@ -243,6 +249,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputLists,
     std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
+  const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "allgather_coalesced";
   TORCH_CHECK_VALUE(
       !inputs.empty(), "nccl_core ", kOp, ": expected at least one input");
@@ -298,6 +305,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs,
     std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
+  const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "allgather_into_tensor_coalesced";
   TORCH_CHECK_VALUE(
       !inputs.empty() && inputs.size() == outputs.size(),
@@ -336,6 +344,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter(
     std::vector<at::Tensor>& outputs,
     std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
+  const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "reduce_scatter";
   const at::Tensor& output = singleTensor(outputs, kOp, "output");
   const c10::DeviceIndex device = checkedDevice(output, kOp, "output");
@@ -392,6 +401,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::_reduce_scatter_base(
     at::Tensor& output,
     at::Tensor& input,
     const c10d::ReduceScatterOptions& opts) {
+  const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "reduce_scatter_tensor";
   const c10::DeviceIndex device = checkedDevice(input, kOp, "input");
   checkTensor(output, device, kOp, "output");
@@ -424,6 +434,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs,
     std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
+  const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "reduce_scatter_tensor_coalesced";
   TORCH_CHECK_VALUE(
       !inputs.empty() && inputs.size() == outputs.size(),
@@ -472,6 +483,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter_tensor_coalesced(
 
 c10::intrusive_ptr<c10d::Work>
 NcclCoreBackend::barrier(const c10d::BarrierOptions& opts) {
+  const EndCoalescingOnError endOnError(*this);
   Communicator& comm = communicator(deviceForOpWithoutTensors(opts.device_ids));
   const at::Device device(
       at::kCUDA, static_cast<c10::DeviceIndex>(comm.device()));

@@ -51,10 +51,14 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
     Enqueue&& enqueue,
     LaunchOptions launchOptions) {
   const bool blocksHost = launchOptions.blocksHost;
+  // Every CUDA and NCCL call of the op on its communicator's device, whatever
+  // the caller's current device is.
+  const c10::cuda::CUDAGuard deviceGuard(device);
   Communicator& comm =
       launchOptions.routable && !coalescing_
           ? routeCollective(communicator(device), type, outputs, inputs)
           : communicator(device);
+  watchdog_->reapRetired();
   const OpInfo info{type, name, ++seq_};
   if (timeout == c10d::kUnsetTimeout) {
     timeout = timeout_;
@@ -86,7 +90,9 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
   if (!asyncOp && !coalescing_ && !blocksHost) {
     // Lean path: the caller's stream already orders everything.
     comm.check(enqueue(comm.get(), current.stream()), name);
-    if (!isCapturing(current.stream())) {
+    if (isCapturing(current.stream())) {
+      comm.noteCapture(current.stream());
+    } else {
       watchdog_->noteSyncOp(current.stream(), name, info.seq);
     }
     return eventless();
@@ -123,7 +129,9 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
       std::move(outputs),
       std::move(inputs),
       blocksHost);
-  if (!isCapturing(current.stream())) {
+  if (isCapturing(current.stream())) {
+    comm.noteCapture(current.stream());
+  } else {
     watchdog_->track(work);
   }
   return work;

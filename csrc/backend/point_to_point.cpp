@@ -1,4 +1,6 @@
 // Ops built from NCCL send/recv: send, recv, gather, scatter and all-to-all.
+#include <c10/util/safe_numerics.h>
+
 #include <numeric>
 
 #include "backend/dispatch.h"
@@ -78,8 +80,20 @@ std::vector<int64_t> splitCounts(
         what,
         " splits must be >= 0, got ",
         splits[r]);
-    counts[r] = splits[r] * rowElems;
-    total += splits[r];
+    // Overflow-checked: a split near INT64_MAX must not wrap into a sum
+    // that matches dim 0.
+    TORCH_CHECK_VALUE(
+        !c10::add_overflows(total, splits[r], &total) &&
+            !c10::mul_overflows(splits[r], rowElems, &counts[r]),
+        "nccl_core ",
+        kOp,
+        ": ",
+        what,
+        " splits overflow int64 (split ",
+        r,
+        " is ",
+        splits[r],
+        ")");
   }
   TORCH_CHECK_VALUE(
       total == rows,
@@ -102,6 +116,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::send(
     std::vector<at::Tensor>& tensors,
     int dstRank,
     int /*tag*/) {
+  const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "send";
   const at::Tensor& tensor = singleTensor(tensors, kOp, "tensor");
   checkedDevice(tensor, kOp, "tensor");
@@ -131,6 +146,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::recv(
     std::vector<at::Tensor>& tensors,
     int srcRank,
     int /*tag*/) {
+  const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "recv";
   const at::Tensor& tensor = singleTensor(tensors, kOp, "tensor");
   checkedDevice(tensor, kOp, "tensor");
@@ -159,6 +175,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::recv(
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::recvAnysource(
     std::vector<at::Tensor>& /*tensors*/,
     int /*tag*/) {
+  const EndCoalescingOnError endOnError(*this);
   C10_THROW_ERROR(
       NotImplementedError,
       "nccl_core recv: receiving from any source is not supported, since NCCL "
@@ -169,6 +186,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::gather(
     std::vector<std::vector<at::Tensor>>& outputs,
     std::vector<at::Tensor>& inputs,
     const c10d::GatherOptions& opts) {
+  const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "gather";
   const at::Tensor& input = singleTensor(inputs, kOp, "input");
   const c10::DeviceIndex device = checkedDevice(input, kOp, "input");
@@ -239,6 +257,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::scatter(
     std::vector<at::Tensor>& outputs,
     std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ScatterOptions& opts) {
+  const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "scatter";
   const at::Tensor& output = singleTensor(outputs, kOp, "output");
   const c10::DeviceIndex device = checkedDevice(output, kOp, "output");
@@ -311,6 +330,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::alltoall_base(
     std::vector<int64_t>& outputSplits,
     std::vector<int64_t>& inputSplits,
     const c10d::AllToAllOptions& opts) {
+  const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "alltoall_base";
   const c10::DeviceIndex device = checkedDevice(input, kOp, "input");
   checkTensor(output, device, kOp, "output");
@@ -347,6 +367,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::alltoall(
     std::vector<at::Tensor>& outputs,
     std::vector<at::Tensor>& inputs,
     const c10d::AllToAllOptions& opts) {
+  const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "alltoall";
   TORCH_CHECK_VALUE(
       !inputs.empty(),

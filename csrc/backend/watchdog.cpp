@@ -6,6 +6,8 @@
 
 #include "nccl/errors.h"
 
+#include <algorithm>
+
 namespace nccl_core {
 
 namespace {
@@ -13,7 +15,14 @@ constexpr auto kPollInterval = std::chrono::milliseconds(50);
 // Store round trips are slower than event queries: look for peers' aborts
 // less often (PyTorch's NCCL backend uses one second too).
 constexpr auto kPeerCheckInterval = std::chrono::seconds(1);
-const std::string kAbortKey = "nccl_core_abort";
+
+// How far past its timeout a stuck synchronous op may be reported
+// (SyncOpTimeline): a quarter of the timeout, at most one second.
+std::chrono::steady_clock::duration
+syncSpan(std::chrono::milliseconds timeout) {
+  return std::min<std::chrono::steady_clock::duration>(
+      timeout / 4, std::chrono::seconds(1));
+}
 } // namespace
 
 Watchdog::Watchdog(
@@ -21,14 +30,16 @@ Watchdog::Watchdog(
     std::shared_ptr<FailureState> failure,
     c10::intrusive_ptr<c10d::Store> store,
     std::string groupName,
+    std::string abortKey,
     std::chrono::milliseconds timeout,
-    EventPool::Event syncTail)
+    std::shared_ptr<EventPool> events)
     : comm_(std::move(comm)),
       failure_(std::move(failure)),
       store_(std::move(store)),
       groupName_(std::move(groupName)),
+      abortKey_(std::move(abortKey)),
       timeout_(timeout),
-      syncTail_(std::move(syncTail)),
+      syncOps_(std::move(events), syncSpan(timeout)),
       thread_([this] { run(); }) {}
 
 Watchdog::~Watchdog() {
@@ -40,15 +51,32 @@ void Watchdog::track(c10::intrusive_ptr<NcclWork> work) {
   pending_.push_back(std::move(work));
 }
 
-void Watchdog::noteSyncOp(cudaStream_t stream, const char* name, uint64_t seq) {
-  C10_CUDA_CHECK(cudaEventRecord(syncTail_.get(), stream));
-  syncName_.store(name, std::memory_order_relaxed);
-  syncSeq_.store(seq, std::memory_order_release);
+bool Watchdog::idle() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!pending_.empty()) {
+      return false;
+    }
+  }
+  return !syncOps_.oldestUnfinished(std::chrono::steady_clock::now());
 }
 
-bool Watchdog::hasPendingWork() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return !pending_.empty();
+void Watchdog::retire(c10::intrusive_ptr<NcclWork> work) {
+  std::lock_guard<std::mutex> lock(retiredMutex_);
+  retired_.push_back(std::move(work));
+  hasRetired_.store(true, std::memory_order_release);
+}
+
+void Watchdog::reapRetiredSlow() {
+  std::vector<c10::intrusive_ptr<NcclWork>> retired;
+  {
+    std::lock_guard<std::mutex> lock(retiredMutex_);
+    retired.swap(retired_);
+    hasRetired_.store(false, std::memory_order_release);
+  }
+  for (auto& work : retired) {
+    work->releaseStash();
+  }
 }
 
 void Watchdog::fail(const std::string& reason, bool tellPeers) {
@@ -63,12 +91,13 @@ void Watchdog::fail(const std::string& reason, bool tellPeers) {
   // Fail the Work before aborting: an aborted kernel also completes its event.
   for (auto& work : pending) {
     work->markFailed(reason);
+    retire(std::move(work));
   }
   comm_->abort();
   if (tellPeers && storeReachable_) {
     try {
       store_->set(
-          kAbortKey, std::vector<uint8_t>(reason.begin(), reason.end()));
+          abortKey_, std::vector<uint8_t>(reason.begin(), reason.end()));
     } catch (const std::exception& e) {
       LOG(WARNING) << "[nccl_core] could not tell peers of group '"
                    << groupName_ << "' to abort: " << e.what();
@@ -99,6 +128,10 @@ void Watchdog::stop() {
 
 void Watchdog::run() {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(comm_->device()));
+  // Event queries are "unsafe" calls under another thread's global-mode
+  // capture: in the default mode they would invalidate that capture.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
+  C10_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
     wake_.wait_for(lock, kPollInterval);
@@ -148,9 +181,11 @@ void Watchdog::poll() {
       head = pending_.front();
     }
     if (head->gpuDone()) {
-      head->releaseStash();
-      std::lock_guard<std::mutex> lock(mutex_);
-      pending_.pop_front();
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        pending_.pop_front();
+      }
+      retire(std::move(head));
       continue;
     }
     if (head->pastDeadline(now)) {
@@ -170,37 +205,25 @@ void Watchdog::poll() {
 }
 
 void Watchdog::checkSyncOps(std::chrono::steady_clock::time_point now) {
-  const uint64_t seq = syncSeq_.load(std::memory_order_acquire);
-  if (seq == syncDoneSeq_) {
+  const auto oldest = syncOps_.oldestUnfinished(now);
+  if (!oldest || oldest->age <= timeout_) {
     return;
   }
-  // The event was recorded for `seq` or later before we query it, so a
-  // completed query proves `seq` done.
-  cudaError_t status = cudaEventQuery(syncTail_.get());
-  if (status == cudaSuccess) {
-    syncDoneSeq_ = seq;
-    syncStallSince_ = {};
-    return;
-  }
-  if (status != cudaErrorNotReady) {
-    C10_CUDA_CHECK(status);
-  }
-  if (syncStallSince_ == std::chrono::steady_clock::time_point{}) {
-    syncStallSince_ = now;
-  } else if (now - syncStallSince_ > timeout_) {
-    trip(
-        c10::str(
-            "nccl_core synchronous ",
-            syncName_.load(std::memory_order_relaxed),
-            " (seq ",
-            seq,
-            ") on group '",
-            groupName_,
-            "' has not completed within the timeout (",
-            timeout_.count(),
-            " ms); communicator aborted"),
-        true);
-  }
+  trip(
+      c10::str(
+          "nccl_core synchronous ",
+          oldest->name,
+          " (seq ",
+          oldest->seq,
+          ") on group '",
+          groupName_,
+          "' has not completed within the timeout (",
+          timeout_.count(),
+          " ms; unfinished for at least ",
+          std::chrono::duration_cast<std::chrono::milliseconds>(oldest->age)
+              .count(),
+          " ms); communicator aborted"),
+      true);
 }
 
 void Watchdog::checkPeers(std::chrono::steady_clock::time_point now) {
@@ -209,8 +232,8 @@ void Watchdog::checkPeers(std::chrono::steady_clock::time_point now) {
   }
   nextPeerCheck_ = now + kPeerCheckInterval;
   try {
-    if (store_->check({kAbortKey})) {
-      auto reason = store_->get(kAbortKey);
+    if (store_->check({abortKey_})) {
+      auto reason = store_->get(abortKey_);
       trip(
           c10::str(
               "a peer aborted group '",

@@ -1,9 +1,15 @@
 // One thread per backend that turns hangs and asynchronous failures into
 // errors: it retires completed async Work, times out Work and synchronous ops
-// that run too long, polls NCCL's asynchronous error, and watches the store
-// for a peer's abort. On any of these it records the failure, fails pending
-// Work, aborts the communicator and tells the peers through the store, so that
-// every rank's next call raises DistBackendError instead of hanging.
+// whose age passes the timeout, polls NCCL's asynchronous error, and watches
+// the store for a peer's abort. On any of these it records the failure, fails
+// pending Work, aborts the communicator and tells the peers through the store,
+// so that every rank's next call raises DistBackendError instead of hanging.
+//
+// The thread never blocks on the GPU or on user code: it runs in CUDA's
+// thread-local capture mode (its event queries cannot invalidate a graph
+// capture on another thread), and retired Work goes to a list the caller's
+// thread drops (reapRetired), so no tensor, NCCL memory or Python object is
+// freed here.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -16,9 +22,11 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "backend/event_pool.h"
 #include "backend/failure.h"
+#include "backend/sync_ops.h"
 #include "backend/work.h"
 #include "nccl/communicator.h"
 
@@ -31,17 +39,19 @@ class Watchdog {
       std::shared_ptr<FailureState> failure,
       c10::intrusive_ptr<c10d::Store> store,
       std::string groupName,
+      std::string abortKey,
       std::chrono::milliseconds timeout,
-      EventPool::Event syncTail);
+      std::shared_ptr<EventPool> events);
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
   ~Watchdog();
 
   void track(c10::intrusive_ptr<NcclWork> work);
 
-  // Marks the end of a synchronous op on `stream`: one reused event, so the
-  // lean path costs a single cudaEventRecord.
-  void noteSyncOp(cudaStream_t stream, const char* name, uint64_t seq);
+  // Marks the end of a synchronous op on `stream` (see SyncOpTimeline).
+  void noteSyncOp(cudaStream_t stream, const char* name, uint64_t seq) {
+    syncOps_.note(stream, name, seq);
+  }
 
   // Records `reason`, fails pending work, aborts the communicator and (when
   // `tellPeers`) asks the other ranks to abort too. Idempotent.
@@ -50,11 +60,22 @@ class Watchdog {
   // Fails and drops work not yet completed, then joins the thread.
   void stop();
 
-  bool hasPendingWork();
+  // Whether every tracked async Work and every synchronous op finished.
+  bool idle();
+
+  // Drops, on the calling thread, the Work the watchdog retired (its tensors
+  // and futures go with it). Cheap when there is none.
+  void reapRetired() {
+    if (C10_UNLIKELY(hasRetired_.load(std::memory_order_acquire))) {
+      reapRetiredSlow();
+    }
+  }
 
  private:
   // fail(), logged: for failures the watchdog itself detects.
   void trip(const std::string& reason, bool tellPeers);
+  void retire(c10::intrusive_ptr<NcclWork> work);
+  void reapRetiredSlow();
   void run();
   void poll();
   void checkSyncOps(std::chrono::steady_clock::time_point now);
@@ -64,6 +85,7 @@ class Watchdog {
   const std::shared_ptr<FailureState> failure_;
   const c10::intrusive_ptr<c10d::Store> store_;
   const std::string groupName_;
+  const std::string abortKey_;
   const std::chrono::milliseconds timeout_;
 
   std::mutex mutex_;
@@ -71,11 +93,11 @@ class Watchdog {
   std::deque<c10::intrusive_ptr<NcclWork>> pending_;
   bool stopping_ = false;
 
-  const EventPool::Event syncTail_;
-  std::atomic<uint64_t> syncSeq_{0};
-  std::atomic<const char*> syncName_{""};
-  uint64_t syncDoneSeq_ = 0; // watchdog thread only
-  std::chrono::steady_clock::time_point syncStallSince_{};
+  std::mutex retiredMutex_;
+  std::vector<c10::intrusive_ptr<NcclWork>> retired_;
+  std::atomic<bool> hasRetired_{false};
+
+  SyncOpTimeline syncOps_;
   std::chrono::steady_clock::time_point nextPeerCheck_{};
   std::atomic<bool> storeReachable_{true};
 

@@ -1,7 +1,9 @@
 #include "nccl/communicator.h"
 
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
 
 #include <algorithm>
 #include <thread>
@@ -177,6 +179,18 @@ void Communicator::abort() noexcept {
   byAllocation_.clear();
   if (withoutWindows_) {
     withoutWindows_->abort();
+  }
+  if (capturedGraphs_.live() > 0) {
+    // ncclCommAbort ends the communicator's kernels at once, then waits for
+    // the graphs; teardown must not wait with it.
+    LOG(WARNING) << "[nccl_core] " << capturedGraphs_.live()
+                 << " CUDA graph(s) that captured work of this communicator "
+                    "are alive: NCCL frees it once they are destroyed";
+    std::thread([comm = comm_, device = device_] {
+      C10_CUDA_CHECK_WARN(cudaSetDevice(device));
+      NCCL_CORE_WARN(ncclCommAbort(comm));
+    }).detach();
+    return;
   }
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   NCCL_CORE_WARN(ncclCommAbort(comm_));

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "nccl/allocations.h"
+#include "nccl/captured_graphs.h"
 #include "nccl/onesided.h"
 #include "nccl/resources.h"
 
@@ -62,8 +63,14 @@ class Communicator final : public AllocationObserver,
 
   // Frees the communicator and every resource registered with it, and makes
   // any operation still running on it return. Idempotent, never throws,
-  // never waits for peers.
+  // never waits for peers. While CUDA graphs that captured its work are
+  // alive, NCCL frees it on a thread of its own once they are destroyed.
   void abort() noexcept;
+
+  // Work of this communicator was enqueued on `stream`, which is capturing.
+  void noteCapture(cudaStream_t stream) {
+    capturedGraphs_.note(stream);
+  }
 
   // The asynchronous error NCCL recorded, ncclSuccess when there is none.
   ncclResult_t asyncError() const;
@@ -164,6 +171,7 @@ class Communicator final : public AllocationObserver,
   const std::string commName_;
   ncclConfig_t config_;
   std::atomic<bool> aborted_{false};
+  CapturedGraphs capturedGraphs_;
 
   // Guards abort and the resource tables; never held across a collective.
   std::mutex mutex_;

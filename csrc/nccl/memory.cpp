@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <mutex>
 #include <vector>
 
@@ -24,12 +25,22 @@ void* allocate(size_t bytes, c10::DeviceIndex device) {
   return ptr;
 }
 
+std::atomic<BlockingWaitRunner> blockingWaitRunner{nullptr};
+
+void synchronizeDevice(void* /*unused*/) {
+  C10_CUDA_CHECK_WARN(cudaDeviceSynchronize());
+}
+
 void release(void* ptr, c10::DeviceIndex device) {
   c10::cuda::CUDAGuard guard(device);
   // ncclMemFree unmaps at once; kernels on any stream may still use the
   // memory, so wait for the device first (as the caching allocator does
   // before it hands memory back).
-  C10_CUDA_CHECK_WARN(cudaDeviceSynchronize());
+  if (BlockingWaitRunner runner = blockingWaitRunner.load()) {
+    runner(synchronizeDevice, nullptr);
+  } else {
+    synchronizeDevice(nullptr);
+  }
   // Registrations of this memory go first: NCCL must not keep a handle to
   // an address that a later allocation may reuse.
   forgetAllocation(ptr);
@@ -115,6 +126,10 @@ at::Tensor emptyTensor(
       ncclAllocator(device).get(),
       c10::DispatchKeySet(c10::DispatchKey::CUDA),
       dtype);
+}
+
+void setBlockingWaitRunner(BlockingWaitRunner runner) {
+  blockingWaitRunner.store(runner);
 }
 
 } // namespace nccl_core

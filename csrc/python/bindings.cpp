@@ -175,7 +175,8 @@ void bindBackend(py::module_& m) {
                       int size,
                       std::string groupName,
                       const NcclCoreOptions& options,
-                      std::chrono::milliseconds defaultTimeout) {
+                      std::chrono::milliseconds defaultTimeout,
+                      std::optional<int> globalRank) {
             TORCH_CHECK_VALUE(
                 size > 0 && rank >= 0 && rank < size,
                 "invalid rank ",
@@ -188,14 +189,17 @@ void bindBackend(py::module_& m) {
                 size,
                 std::move(groupName),
                 std::make_shared<const NcclCoreOptions>(options),
-                defaultTimeout);
+                defaultTimeout,
+                nullptr,
+                globalRank.value_or(rank));
           }),
           py::arg("store"),
           py::arg("rank"),
           py::arg("size"),
           py::arg("group_name"),
           py::arg("options"),
-          py::arg("default_timeout"))
+          py::arg("default_timeout"),
+          py::arg("global_rank") = py::none())
       .def_property_readonly(
           "nccl_options",
           [](const NcclCoreBackend& b) { return NcclCoreOptions(b.options()); },
@@ -221,7 +225,24 @@ void bindBackend(py::module_& m) {
 
 } // namespace
 
+// Runs a device-wide wait without the GIL where this thread holds it (and
+// the interpreter is not finalizing, when releasing it could hang).
+void withoutGil(void (*wait)(void*), void* arg) {
+#if PY_VERSION_HEX >= 0x030D0000
+  const bool finalizing = Py_IsFinalizing();
+#else
+  const bool finalizing = _Py_IsFinalizing();
+#endif
+  if (Py_IsInitialized() && !finalizing && PyGILState_Check()) {
+    py::gil_scoped_release nogil;
+    wait(arg);
+  } else {
+    wait(arg);
+  }
+}
+
 void bindMemory(py::module_& m) {
+  setBlockingWaitRunner(withoutGil);
   m.def(
       "empty",
       [](std::vector<int64_t> sizes,

@@ -18,6 +18,34 @@ namespace nccl_core {
 
 namespace {
 
+// A stream handle given by the caller, checked to belong to `device`. A
+// handle that is no live stream at all cannot be told from one by CUDA.
+cudaStream_t onDevice(cudaStream_t stream, int device) {
+  // The legacy and per-thread default streams are the current device's; the
+  // op runs under a guard of the communicator's device.
+  if (stream == nullptr || stream == cudaStreamLegacy ||
+      stream == cudaStreamPerThread) {
+    return stream;
+  }
+  int owner = -1;
+  const cudaError_t result = cudaStreamGetDevice(stream, &owner);
+  if (result != cudaSuccess) {
+    (void)cudaGetLastError();
+    TORCH_CHECK_VALUE(
+        false,
+        "nccl_core one-sided: the stream handle is not a CUDA stream (",
+        cudaGetErrorString(result),
+        ")");
+  }
+  TORCH_CHECK_VALUE(
+      owner == device,
+      "nccl_core one-sided: the stream belongs to cuda:",
+      owner,
+      " but the communicator uses cuda:",
+      device);
+  return stream;
+}
+
 // None (the current stream), a torch.cuda.Stream, an object with
 // __cuda_stream__, or a raw cudaStream_t as an int.
 cudaStream_t streamOf(const py::object& stream, int device) {
@@ -27,19 +55,23 @@ cudaStream_t streamOf(const py::object& stream, int device) {
         .stream();
   }
   if (py::hasattr(stream, "cuda_stream")) {
-    return reinterpret_cast<cudaStream_t>(
-        stream.attr("cuda_stream").cast<uintptr_t>());
+    return onDevice(
+        reinterpret_cast<cudaStream_t>(
+            stream.attr("cuda_stream").cast<uintptr_t>()),
+        device);
   }
   if (py::hasattr(stream, "__cuda_stream__")) {
     const auto protocol = stream.attr("__cuda_stream__")().cast<py::tuple>();
-    return reinterpret_cast<cudaStream_t>(protocol[1].cast<uintptr_t>());
+    return onDevice(
+        reinterpret_cast<cudaStream_t>(protocol[1].cast<uintptr_t>()), device);
   }
   TORCH_CHECK_TYPE(
       py::isinstance<py::int_>(stream),
       "nccl_core one-sided: stream must be None, a torch.cuda.Stream, an "
       "object with __cuda_stream__ or a stream handle (int), got ",
       py::str(py::type::of(stream)).cast<std::string>());
-  return reinterpret_cast<cudaStream_t>(stream.cast<uintptr_t>());
+  return onDevice(
+      reinterpret_cast<cudaStream_t>(stream.cast<uintptr_t>()), device);
 }
 
 void checkReserved(int signalIndex, int context, int flags, const char* op) {

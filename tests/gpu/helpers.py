@@ -10,6 +10,9 @@ from __future__ import annotations
 import math
 import os
 import re
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -237,3 +240,50 @@ def register_close_cycles(
         "fds_gained": len(os.listdir("/proc/self/fd")) - fds_before,
         "resources_gained": comm._resource_count() - resources_before,
     }
+
+
+def _child_world_env(rank: int, port: int) -> dict[str, str]:
+    """This rank's environment in a two-process world of its own, bootstrapped over loopback."""
+    launcher = ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in launcher and not k.startswith("TORCHELASTIC")
+    }
+    env.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(WORLD_SIZE),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        NCCL_SOCKET_IFNAME="lo",
+    )
+    return env
+
+
+def run_child_world(
+    rank: int, script: os.PathLike, args: Sequence[str], timeout_s: float
+) -> subprocess.CompletedProcess:
+    """Runs `script` as this rank of a world of its own (one child per suite rank, joined over
+    loopback); a child still running after `timeout_s` is killed and reported as rc -9.
+
+    Collective over the default group: every rank calls it with the same script."""
+    port = torch.zeros(1, dtype=torch.int64, device="cuda")
+    if rank == 0:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port.fill_(probe.getsockname()[1])
+    dist.broadcast(port, src=0)
+    command = [sys.executable, str(script), *args]
+    env = _child_world_env(rank, int(port.item()))
+    try:
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as expired:
+        return subprocess.CompletedProcess(
+            command, -9, _text(expired.stdout), _text(expired.stderr) + "\n[killed: timed out]"
+        )
+
+
+def _text(output: bytes | str | None) -> str:
+    if isinstance(output, bytes):
+        return output.decode(errors="replace")
+    return output or ""

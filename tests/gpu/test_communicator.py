@@ -5,11 +5,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import json
-import os
 import pathlib
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -30,6 +26,7 @@ from .helpers import (
     rank_tensor,
     reference_reduce,
     register_close_cycles,
+    run_child_world,
 )
 
 CLOSED = "was closed"
@@ -240,45 +237,15 @@ def test_buffer_register_close_cycles_leak_nothing(rank):
     assert report["device_bytes_lost"] < (32 << 20)
 
 
-def _child_world_env(rank: int, port: int) -> dict[str, str]:
-    """This rank's environment in a two-process world of its own, bootstrapped over loopback."""
-    launcher = ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE")
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in launcher and not k.startswith("TORCHELASTIC")
-    }
-    # Every window registration makes NCCL open ~3 short-lived TCP connections per rank, each
-    # then held in TIME_WAIT for 60 s: over a network interface, 10,000 cycles in a minute run
-    # out of ephemeral ports ("Cannot assign requested address" after ~9,000 cycles, measured).
-    # Linux reuses TIME_WAIT ports on loopback (tcp_tw_reuse = 2, its default).
-    env.update(
-        RANK=str(rank),
-        WORLD_SIZE="2",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        NCCL_SOCKET_IFNAME="lo",
-    )
-    return env
-
-
 @pytest.mark.timeout(240, method="thread")
 def test_window_register_close_cycles_leak_nothing(rank, world_size):
     """10,000 window register/close cycles in a world of its own: no device memory, file
     descriptor (windows share memory with peers through them) or resource is left behind."""
-    port = torch.zeros(1, dtype=torch.int64, device="cuda")
-    if rank == 0:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port.fill_(probe.getsockname()[1])
-    dist.broadcast(port, src=0)
-    child = subprocess.run(
-        [sys.executable, str(GPU_DIR / "window_cycles_world.py"), str(CYCLES)],
-        env=_child_world_env(rank, int(port.item())),
-        capture_output=True,
-        text=True,
-        timeout=200,
-    )
+    # Every window registration makes NCCL open ~3 short-lived TCP connections per rank, each
+    # then held in TIME_WAIT for 60 s: over a network interface, 10,000 cycles in a minute run
+    # out of ephemeral ports ("Cannot assign requested address" after ~9,000 cycles, measured).
+    # Linux reuses TIME_WAIT ports on loopback (tcp_tw_reuse = 2, its default).
+    child = run_child_world(rank, GPU_DIR / "window_cycles_world.py", [str(CYCLES)], timeout_s=200)
     assert world_size == 2
     assert child.returncode == 0, child.stdout[-2000:] + child.stderr[-3000:]
     report = json.loads(child.stdout.strip().splitlines()[-1])

@@ -106,6 +106,11 @@ def test_one_sided_refuses_bad_input(rank, world_size):
         comm.put_signal(torch.ones(4), peer, window)
     with pytest.raises(TypeError, match="stream"):
         comm.signal(peer, stream="fast")
+    # a stream of the other GPU, as an object and as a raw handle
+    other_device = torch.cuda.Stream(device=peer)
+    for foreign in (other_device, other_device.cuda_stream):
+        with pytest.raises(ValueError, match=f"belongs to cuda:{peer}"):
+            comm.signal(peer, stream=foreign)
     for count in (0, 2**32):
         with pytest.raises(ValueError, match="op_count"):
             WaitSignalDesc(peer, op_count=count)

@@ -127,3 +127,32 @@ def test_recv_from_any_source_is_refused(scratch_group):
     probe = probe_group(scratch_group)
     assert_raised(error, RuntimeError)  # NotImplementedError is one
     assert_equal(*probe)
+
+
+def test_refused_op_ends_its_coalescing_block(rank, device, scratch_group):
+    """An op refused inside a coalescing block ends the block: the ops queued before it run, and
+    the group takes ops again (was: every later batch raised "startCoalescing() called twice")."""
+    peer = 1 - rank
+    sent = rank_tensor(4097, torch.float32, rank)
+    early = poisoned(rank_tensor(4097, torch.float32, peer))
+
+    def refused_inside_a_block():
+        with dist._coalescing_manager(group=scratch_group, device=device, async_ops=True):
+            dist.isend(sent, dst=peer, group=scratch_group)
+            dist.irecv(early, src=peer, group=scratch_group)
+            # the ProcessGroup method reaches the backend: torch's own functions check first
+            scratch_group.send([sent], WORLD_SIZE, 0)
+
+    error = raised_by(refused_inside_a_block)
+    ops, received, expected = _ring_exchange(rank)
+    ops = [dist.P2POp(op.op, op.tensor, op.peer, group=scratch_group) for op in ops]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    probe = probe_group(scratch_group)
+    torch.cuda.synchronize()
+
+    assert_raised(error, ValueError, r"(?i)rank")
+    assert_equal(early, rank_tensor(4097, torch.float32, peer))
+    for actual, want in zip(received, expected, strict=True):
+        assert_equal(actual, want)
+    assert_equal(*probe)
