@@ -77,11 +77,13 @@ def host_ahead_of_gpu(job_store) -> dict:
     init(job_store, timeout_s)
     t = torch.ones(NUMEL, device=DEVICE)
     events = []
-    iterations = 0
+    iterations, stop_at = 0, None
     error = None
     start = time.monotonic()
     try:
-        while time.monotonic() - start < 3 * timeout_s:
+        # Both ranks must run the same count: rank 0 picks it, well ahead, through the store
+        # (no op that would drain the queue), and rank 1 looks for it every 50 ops.
+        while stop_at is None or iterations < stop_at:
             dist.all_reduce(t)
             t.mul_(0.5)  # keeps values bounded: 1 -> 2 * 0.5
             events.append(torch.cuda.Event())
@@ -89,12 +91,20 @@ def host_ahead_of_gpu(job_store) -> dict:
             if len(events) > 8:
                 events.pop(0).synchronize()
             iterations += 1
+            if stop_at is not None:
+                continue
+            if RANK == 0 and time.monotonic() - start >= 3 * timeout_s:
+                stop_at = iterations + 1000
+                job_store.set("stop_at", str(stop_at))
+            elif RANK != 0 and iterations % 50 == 0 and job_store.check(["stop_at"]):
+                stop_at = int(job_store.get("stop_at"))
         torch.cuda.synchronize()
-        correct = probe()
+        correct = probe() and bool((t == 1.0).all())
     except Exception as e:  # reported to the parent
         error, correct = repr(e), False
+    seconds = time.monotonic() - start
     dist.destroy_process_group()
-    return {"iterations": iterations, "error": error, "correct": correct}
+    return {"iterations": iterations, "seconds": seconds, "error": error, "correct": correct}
 
 
 def capture_after_eager(job_store) -> dict:
