@@ -3,8 +3,8 @@ line of what it saw. The parent test asserts on it, and on this process ending i
 code 0: a hang or crash is the failure being looked for.
 
 Started by test_failure_semantics.py, one process per rank, with RANK / WORLD_SIZE / MASTER_ADDR
-/ MASTER_PORT set. Scenarios bind no device unless they say so, and never call set_device before
-the backend needs it, as many programs do.
+/ MASTER_PORT set. Scenarios set and bind cuda:RANK, except those that show what happens when a
+program does neither.
 """
 
 import json
@@ -35,14 +35,16 @@ def store() -> dist.TCPStore:
     )
 
 
-def init(job_store, timeout_s: float = 30.0, device_id=DEVICE) -> None:
+def init(job_store, timeout_s: float = 30.0, bind: bool = True) -> None:
+    if bind:
+        torch.cuda.set_device(DEVICE)
     dist.init_process_group(
         "nccl_core",
         store=job_store,
         rank=RANK,
         world_size=WORLD,
         timeout=timedelta(seconds=timeout_s),
-        device_id=device_id,
+        device_id=DEVICE if bind else None,
     )
 
 
@@ -60,7 +62,7 @@ def probe() -> bool:
 
 def destroy_after_sync_ops(job_store) -> dict:
     """Synchronous all_reduces, ranks out of step, then destroy at once: no op is cut short."""
-    init(job_store)
+    init(job_store, bind=False)
     tensors = [torch.full((NUMEL,), float(i) + RANK, device=DEVICE) for i in range(8)]
     if RANK == 1:
         time.sleep(0.5)
@@ -235,7 +237,7 @@ def watchdog_frees_nothing(job_store) -> dict:
 
 def no_set_device(job_store) -> dict:
     """No device bound or set: a barrier first, then ops on cuda:rank with cuda:0 current."""
-    init(job_store, device_id=None)
+    init(job_store, bind=False)
     dist.barrier()
     t = torch.full((1024,), 1.0 + RANK, device=DEVICE)
     dist.all_reduce(t)
