@@ -7,6 +7,7 @@ Started by test_failure_semantics.py, one process per rank, with RANK / WORLD_SI
 program does neither.
 """
 
+import gc
 import json
 import os
 import sys
@@ -65,11 +66,12 @@ def destroy_after_sync_ops(job_store) -> dict:
     init(job_store, bind=False)
     tensors = [torch.full((NUMEL,), float(i) + RANK, device=DEVICE) for i in range(8)]
     if RANK == 1:
-        time.sleep(0.5)
+        time.sleep(1.0)
     for t in tensors:
         dist.all_reduce(t)
     dist.destroy_process_group()
-    torch.cuda.synchronize()
+    gc.collect()  # the group's last reference may sit in a cycle: its backend goes here
+    torch.cuda.synchronize(DEVICE)
     return {"correct": all(bool((t == summed(i)).all()) for i, t in enumerate(tensors))}
 
 
