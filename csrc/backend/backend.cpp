@@ -173,8 +173,13 @@ at::Device NcclCoreBackend::deviceForOpWithoutTensors(
   }
   // Not the current device: processes that never call set_device would all
   // pick cuda:0. torch's NCCL backend guesses the same way.
-  const auto device =
-      static_cast<c10::DeviceIndex>(globalRank_ % c10::cuda::device_count());
+  const c10::DeviceIndex count = c10::cuda::device_count();
+  TORCH_CHECK(
+      count > 0,
+      "nccl_core: group '",
+      *groupName_,
+      "' needs a CUDA device, and this process sees none");
+  const auto device = static_cast<c10::DeviceIndex>(globalRank_ % count);
   TORCH_WARN_ONCE(
       "nccl_core: group '",
       *groupName_,

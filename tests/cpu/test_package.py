@@ -164,3 +164,26 @@ def test_group_options_copy_for_split_group(tmp_path):
     assert clone is not options
     assert clone.backend == "nccl_core" and clone._timeout == timeout
     backend.shutdown()
+
+
+def test_op_without_tensors_and_without_a_gpu_raises(tmp_path):
+    """A barrier on a group bound to no device, in a process that sees no GPU: a clear error."""
+    if torch.cuda.device_count() > 0:
+        pytest.skip("this machine has a GPU")
+    store = dist.FileStore(os.fspath(tmp_path / "store"), 1)
+    backend = _C.NcclCoreBackend(
+        store, 0, 1, "g", torch_nccl_core.Options(), datetime.timedelta(seconds=5), global_rank=3
+    )
+    with pytest.raises(RuntimeError, match="needs a CUDA device"):
+        backend.barrier()
+    backend.shutdown()
+
+
+def test_each_backend_on_a_store_is_a_new_incarnation(tmp_path):
+    """Store keys carry how many backends this rank made on the store before, so a group
+    re-created under the same name (re-init) never reads the previous one's keys."""
+    store = dist.FileStore(os.fspath(tmp_path / "store"), 1)
+    timeout = datetime.timedelta(seconds=5)
+    for _ in range(3):
+        _C.NcclCoreBackend(store, 0, 1, "g", torch_nccl_core.Options(), timeout).shutdown()
+    assert store.add("nccl_core/incarnations/rank0", 0) == 3
