@@ -65,6 +65,9 @@ def destroy_after_sync_ops(job_store) -> dict:
     """Synchronous all_reduces, ranks out of step, then destroy at once: no op is cut short."""
     init(job_store, bind=False)
     tensors = [torch.full((NUMEL,), float(i) + RANK, device=DEVICE) for i in range(8)]
+    # The lazy communicator is created collectively by the first op: without this one, that
+    # creation would absorb rank 1's delay and put the ranks back in step.
+    probe()
     if RANK == 1:
         time.sleep(1.0)
     for t in tensors:
