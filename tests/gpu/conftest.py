@@ -17,6 +17,7 @@ import hashlib
 import os
 import pathlib
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 import torch
@@ -143,3 +144,16 @@ def nccl_group(_distributed) -> dist.ProcessGroup:
     Created by the first test that asks for it, at the same point on every rank.
     """
     return _new_reference_group()
+
+
+@pytest.fixture
+def fresh_group(_distributed) -> Iterator[dist.ProcessGroup]:
+    """A new nccl_core group over every rank, destroyed after the test.
+
+    Its resource counts start from zero, and its timeout is short: a call the backend wrongly
+    accepts (a receive nobody sends to) hangs only this group, and the watchdog turns that into
+    an error within seconds instead of stalling the rest of the suite.
+    """
+    group = dist.new_group(backend="nccl_core", timeout=timedelta(seconds=10))
+    yield group
+    dist.destroy_process_group(group)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -23,19 +21,6 @@ from .helpers import (
 
 # (dtype, numel) of the tensors that batched exchanges move together
 BATCH = [(torch.float32, 4097), (torch.int8, 1), (torch.bfloat16, 0), (torch.int64, 1023)]
-
-
-@pytest.fixture
-def scratch_group():
-    """A fresh nccl_core group with a short timeout, for calls the backend must refuse.
-
-    A p2p call that the backend wrongly accepts (a receive nobody sends to) hangs its
-    communicator; here that stays in this group, and the watchdog turns it into an error
-    within seconds instead of stalling the rest of the suite.
-    """
-    group = dist.new_group(backend="nccl_core", timeout=timedelta(seconds=10))
-    yield group
-    dist.destroy_process_group(group)
 
 
 @pytest.mark.parametrize(("dtype", "numel"), dtype_cases(COPY_DTYPES))
@@ -104,32 +89,30 @@ def test_coalescing_manager_p2p(rank, device):
 
 @pytest.mark.parametrize("direction", ["send", "recv"])
 @pytest.mark.parametrize("peer", [WORLD_SIZE, -1], ids=["past-end", "negative"])
-def test_peer_out_of_range_is_refused(scratch_group, direction, peer):
+def test_peer_out_of_range_is_refused(fresh_group, direction, peer):
     # torch.distributed's own functions check peers first; the ProcessGroup reaches the backend
-    call = getattr(scratch_group, direction)
+    call = getattr(fresh_group, direction)
     error = raised_by(lambda: call([torch.ones(4, device="cuda")], peer, 0))
-    probe = probe_group(scratch_group)
+    probe = probe_group(fresh_group)
     assert_raised(error, ValueError, r"(?i)rank")
     assert_equal(*probe)
 
 
-def test_recv_from_self_is_refused(rank, scratch_group):
-    error = raised_by(
-        lambda: dist.irecv(torch.ones(4, device="cuda"), src=rank, group=scratch_group)
-    )
-    probe = probe_group(scratch_group)
+def test_recv_from_self_is_refused(rank, fresh_group):
+    error = raised_by(lambda: dist.irecv(torch.ones(4, device="cuda"), src=rank, group=fresh_group))
+    probe = probe_group(fresh_group)
     assert_raised(error, ValueError, r"(?i)rank|self")
     assert_equal(*probe)
 
 
-def test_recv_from_any_source_is_refused(scratch_group):
-    error = raised_by(lambda: dist.recv(torch.ones(4, device="cuda"), group=scratch_group))
-    probe = probe_group(scratch_group)
+def test_recv_from_any_source_is_refused(fresh_group):
+    error = raised_by(lambda: dist.recv(torch.ones(4, device="cuda"), group=fresh_group))
+    probe = probe_group(fresh_group)
     assert_raised(error, RuntimeError)  # NotImplementedError is one
     assert_equal(*probe)
 
 
-def test_refused_op_ends_its_coalescing_block(rank, device, scratch_group):
+def test_refused_op_ends_its_coalescing_block(rank, device, fresh_group):
     """An op refused inside a coalescing block ends the block: the ops queued before it run, and
     the group takes ops again (was: every later batch raised "startCoalescing() called twice")."""
     peer = 1 - rank
@@ -137,18 +120,18 @@ def test_refused_op_ends_its_coalescing_block(rank, device, scratch_group):
     early = poisoned(rank_tensor(4097, torch.float32, peer))
 
     def refused_inside_a_block():
-        with dist._coalescing_manager(group=scratch_group, device=device, async_ops=True):
-            dist.isend(sent, dst=peer, group=scratch_group)
-            dist.irecv(early, src=peer, group=scratch_group)
+        with dist._coalescing_manager(group=fresh_group, device=device, async_ops=True):
+            dist.isend(sent, dst=peer, group=fresh_group)
+            dist.irecv(early, src=peer, group=fresh_group)
             # the ProcessGroup method reaches the backend: torch's own functions check first
-            scratch_group.send([sent], WORLD_SIZE, 0)
+            fresh_group.send([sent], WORLD_SIZE, 0)
 
     error = raised_by(refused_inside_a_block)
     ops, received, expected = _ring_exchange(rank)
-    ops = [dist.P2POp(op.op, op.tensor, op.peer, group=scratch_group) for op in ops]
+    ops = [dist.P2POp(op.op, op.tensor, op.peer, group=fresh_group) for op in ops]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
-    probe = probe_group(scratch_group)
+    probe = probe_group(fresh_group)
     torch.cuda.synchronize()
 
     assert_raised(error, ValueError, r"(?i)rank")

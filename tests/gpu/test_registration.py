@@ -34,14 +34,6 @@ def _nccl_tensor(kind: str, numel: int, pool, group=None) -> torch.Tensor:
     return backend.allocate_tensor(numel, dtype=torch.float32, device=torch.device("cuda"))
 
 
-@pytest.fixture
-def fresh_group():
-    """A group of its own, so resource counts start from zero."""
-    group = dist.new_group(backend="nccl_core")
-    yield group
-    dist.destroy_process_group(group)
-
-
 @pytest.mark.parametrize("kind", ALLOCATORS)
 def test_ops_on_nccl_memory_register_once_and_are_right(rank, world_size, kind, fresh_group):
     pool = torch_nccl_core.mem_pool()
