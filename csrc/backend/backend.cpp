@@ -235,9 +235,9 @@ c10d::ErrorType NcclCoreBackend::getError() {
 }
 
 void NcclCoreBackend::startCoalescing() {
-  TORCH_CHECK(
-      !coalescing_,
-      "nccl_core: startCoalescing() called twice without endCoalescing()");
+  // A block still open was left by an exception outside this backend (torch's
+  // own checks inside _coalescing_manager): end it rather than refuse forever.
+  abandonCoalescing();
   coalescing_ = true;
   coalescedGroupOpen_ = false;
   coalescedTensors_.clear();
@@ -265,6 +265,10 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::endCoalescing() {
   }
   coalescedGroupOpen_ = false;
   const c10::cuda::CUDAGuard deviceGuard(*coalescedDevice_);
+  const bool capturing = isCapturing(stream_->stream());
+  if (capturing) {
+    comm_->noteCapture(stream_->stream()); // before NCCL makes the plan
+  }
   comm_->check(ncclGroupEnd(), "ncclGroupEnd");
   EventPool::Event end = events_->acquire();
   C10_CUDA_CHECK(cudaEventRecord(end.get(), stream_->stream()));
@@ -277,9 +281,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::endCoalescing() {
       tensors,
       tensors,
       false);
-  if (isCapturing(stream_->stream())) {
-    comm_->noteCapture(stream_->stream());
-  } else {
+  if (!capturing) {
     watchdog_->track(work);
   }
   return work;
@@ -289,12 +291,13 @@ void NcclCoreBackend::abandonCoalescing() noexcept {
   if (!coalescing_) {
     return;
   }
-  LOG(WARNING) << "[nccl_core] an op inside a coalescing block on group '"
-               << *groupName_ << "' raised; the block ends there"
+  LOG(WARNING) << "[nccl_core] a coalescing block on group '" << *groupName_
+               << "' was left by an exception; the block ends there"
                << (coalescedGroupOpen_ ? " and the ops queued before it run"
                                        : "");
   try {
-    endCoalescing();
+    // Ordered before the caller's next work, as a waited Work would be.
+    endCoalescing()->wait();
   } catch (const std::exception& e) {
     coalescing_ = false;
     coalescedGroupOpen_ = false;
@@ -305,8 +308,10 @@ void NcclCoreBackend::abandonCoalescing() noexcept {
 
 void NcclCoreBackend::teardown(const std::string& reason) {
   if (watchdog_) {
-    watchdog_->fail(reason, /*tellPeers=*/false);
+    // Stopped first: a poll racing the abort would touch a freed
+    // communicator.
     watchdog_->stop();
+    watchdog_->fail(reason, /*tellPeers=*/false);
     watchdog_->reapRetired();
   } else {
     failure_->set(reason);
@@ -317,6 +322,16 @@ void NcclCoreBackend::abort() {
   teardown(c10::str("nccl_core group '", *groupName_, "' was aborted"));
 }
 
+bool NcclCoreBackend::idleOrBroken() noexcept {
+  try {
+    return watchdog_->idle();
+  } catch (const std::exception& e) {
+    LOG(ERROR) << "[nccl_core] group '" << *groupName_
+               << "' cannot tell whether its ops finished: " << e.what();
+    return true;
+  }
+}
+
 void NcclCoreBackend::shutdown() {
   if (watchdog_ && !failure_->failed()) {
     // Every enqueued op, synchronous ones on the caller's streams included,
@@ -325,7 +340,7 @@ void NcclCoreBackend::shutdown() {
     // stuck op at its timeout, so this wait is bounded.
     const auto deadline =
         std::chrono::steady_clock::now() + timeout_ + kShutdownSlack;
-    while (!watchdog_->idle() && !failure_->failed()) {
+    while (!failure_->failed() && !idleOrBroken()) {
       if (std::chrono::steady_clock::now() > deadline) {
         LOG(ERROR) << "[nccl_core] group '" << *groupName_
                    << "' still has unfinished ops " << timeout_.count()

@@ -198,9 +198,13 @@ class NcclCoreBackend : public c10d::Backend {
   void setupCommunicator(std::shared_ptr<Communicator> comm);
   at::Device deviceForOpWithoutTensors(const std::vector<int64_t>& deviceIds);
   void teardown(const std::string& reason);
-  // Ends a coalescing block that an op inside it left by raising (torch's
-  // _coalescing_manager then never calls endCoalescing): ops queued in it run
-  // as one tracked Work, and the group takes ops again. Never throws.
+  // Whether every enqueued op finished; true too when CUDA cannot say.
+  bool idleOrBroken() noexcept;
+  // Ends a coalescing block left by an exception, raised by an op inside it
+  // or by torch before the next startCoalescing (torch's _coalescing_manager
+  // then never calls endCoalescing): ops queued in it run as one tracked Work
+  // that the caller's stream waits for, and the group takes ops again. A
+  // no-op outside a block. Never throws.
   void abandonCoalescing() noexcept;
   // A store key of this communicator incarnation: a group re-created under
   // the same name (re-init in one process) never reads the previous one's.

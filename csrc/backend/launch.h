@@ -58,13 +58,21 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
       launchOptions.routable && !coalescing_
           ? routeCollective(communicator(device), type, outputs, inputs)
           : communicator(device);
-  watchdog_->reapRetired();
   const OpInfo info{type, name, ++seq_};
   if (timeout == c10d::kUnsetTimeout) {
     timeout = timeout_;
   }
   const c10::cuda::CUDAStream current =
       c10::cuda::getCurrentCUDAStream(device.index());
+  const bool capturing = isCapturing(current.stream());
+  if (capturing) {
+    // Counted before NCCL makes the graph's plan, so that an abort racing
+    // this op already knows to leave NCCL's wait for the graph to a thread.
+    comm.noteCapture(current.stream());
+  } else {
+    // Not under capture: freeing NCCL memory there would invalidate it.
+    watchdog_->reapRetired();
+  }
   if (autoRegister_ && registrationGains(type)) {
     for (const auto* tensors : {&outputs, &inputs}) {
       for (const at::Tensor& tensor : *tensors) {
@@ -90,9 +98,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
   if (!asyncOp && !coalescing_ && !blocksHost) {
     // Lean path: the caller's stream already orders everything.
     comm.check(enqueue(comm.get(), current.stream()), name);
-    if (isCapturing(current.stream())) {
-      comm.noteCapture(current.stream());
-    } else {
+    if (!capturing) {
       watchdog_->noteSyncOp(current.stream(), name, info.seq);
     }
     return eventless();
@@ -129,9 +135,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
       std::move(outputs),
       std::move(inputs),
       blocksHost);
-  if (isCapturing(current.stream())) {
-    comm.noteCapture(current.stream());
-  } else {
+  if (!capturing) {
     watchdog_->track(work);
   }
   return work;

@@ -6,12 +6,15 @@
 // re-recorded after every op in it. For the oldest unfinished span:
 //   - its event is not complete, so an op enqueued at or before its last
 //     record is unfinished: the oldest unfinished op is at least
-//     `now - lastRecord` old (the lower bound a timeout is judged by, so a
-//     healthy queue of any depth is never called stuck);
+//     `now - lastRecord` old (the lower bound a timeout is judged by, so no
+//     op is called stuck before it has been unfinished for the timeout,
+//     however many ops are queued behind or ahead of it);
 //   - the span before it completed, so that op was enqueued at or after the
 //     span's start, at most `span` before its last record: a stuck op is
 //     reported at most `span` after its timeout.
 // One caller thread notes ops (the backend's); one watchdog thread reads.
+// The event source is a parameter so that CPU tests can drive the same logic
+// with events they complete themselves (python/testing_bindings.cpp).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -27,7 +30,10 @@
 
 namespace nccl_core {
 
-class SyncOpTimeline {
+// `Events` provides: a movable `Event`; `Event acquire()`;
+// `void record(const Event&, cudaStream_t)`; `bool finished(const Event&)`.
+template <typename Events>
+class BasicSyncOpTimeline {
  public:
   using Clock = std::chrono::steady_clock;
 
@@ -37,33 +43,96 @@ class SyncOpTimeline {
     Clock::duration age; // lower bound of the oldest unfinished op's age
   };
 
-  SyncOpTimeline(std::shared_ptr<EventPool> events, Clock::duration span);
-  SyncOpTimeline(const SyncOpTimeline&) = delete;
-  SyncOpTimeline& operator=(const SyncOpTimeline&) = delete;
+  BasicSyncOpTimeline(Events events, Clock::duration span)
+      : events_(std::move(events)), span_(span) {}
+  BasicSyncOpTimeline(const BasicSyncOpTimeline&) = delete;
+  BasicSyncOpTimeline& operator=(const BasicSyncOpTimeline&) = delete;
 
-  // Caller thread: op `seq` was just enqueued on `stream`.
-  void note(cudaStream_t stream, const char* name, uint64_t seq);
+  // Caller thread: op `seq` was enqueued on `stream` at `now`.
+  void note(
+      cudaStream_t stream,
+      const char* name,
+      uint64_t seq,
+      Clock::time_point now) {
+    if (open_ == nullptr || now - open_->start >= span_) {
+      // Recorded before it is published: a reader never sees a span without
+      // this op's record and time.
+      auto span = std::make_unique<Span>();
+      span->event = events_.acquire();
+      span->start = now;
+      span->firstName = name;
+      span->firstSeq = seq;
+      span->lastRecord.store(now.time_since_epoch().count());
+      events_.record(span->event, stream);
+      open_ = span.get();
+      std::lock_guard<std::mutex> lock(mutex_);
+      spans_.push_back(std::move(span));
+      return;
+    }
+    // The time goes first: a reader that sees this record then reads a time
+    // no earlier than it, so the age it derives is never too large.
+    open_->lastRecord.store(
+        now.time_since_epoch().count(), std::memory_order_release);
+    events_.record(open_->event, stream);
+  }
 
   // Watchdog thread: drops finished spans; the oldest unfinished op, if any.
-  std::optional<Unfinished> oldestUnfinished(Clock::time_point now);
+  std::optional<Unfinished> oldestUnfinished(Clock::time_point now) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    while (!spans_.empty()) {
+      const Span& oldest = *spans_.front();
+      const bool open = spans_.size() == 1;
+      if (events_.finished(oldest.event)) {
+        if (open) {
+          return std::nullopt; // the caller may still record into it
+        }
+        spans_.pop_front(); // closed: no op is recorded into it any more
+        continue;
+      }
+      const Clock::time_point last(
+          Clock::duration(oldest.lastRecord.load(std::memory_order_acquire)));
+      return Unfinished{
+          oldest.firstName,
+          oldest.firstSeq,
+          now > last ? now - last : Clock::duration::zero()};
+    }
+    return std::nullopt;
+  }
+
+  size_t spanCount() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return spans_.size();
+  }
 
  private:
   struct Span {
-    EventPool::Event event;
+    typename Events::Event event;
     Clock::time_point start;
     const char* firstName;
     uint64_t firstSeq;
     std::atomic<Clock::rep> lastRecord; // time_since_epoch of the last record
   };
 
-  // Whether `span`'s event completed; throws on a CUDA error.
-  static bool finished(const Span& span);
-
-  const std::shared_ptr<EventPool> events_;
+  Events events_;
   const Clock::duration span_;
   std::mutex mutex_; // guards spans_' shape, not the open span's fields
   std::deque<std::unique_ptr<Span>> spans_;
   Span* open_ = nullptr; // caller thread only: spans_.back()
 };
+
+// CUDA events from the group's pool.
+struct CudaSpanEvents {
+  using Event = EventPool::Event;
+  std::shared_ptr<EventPool> pool;
+
+  Event acquire() {
+    return pool->acquire();
+  }
+  static void record(const Event& event, cudaStream_t stream);
+  // Throws on a CUDA error.
+  static bool finished(const Event& event);
+};
+
+using SyncOpTimeline = BasicSyncOpTimeline<CudaSpanEvents>;
 
 } // namespace nccl_core

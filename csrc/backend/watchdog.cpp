@@ -39,7 +39,7 @@ Watchdog::Watchdog(
       groupName_(std::move(groupName)),
       abortKey_(std::move(abortKey)),
       timeout_(timeout),
-      syncOps_(std::move(events), syncSpan(timeout)),
+      syncOps_(CudaSpanEvents{std::move(events)}, syncSpan(timeout)),
       thread_([this] { run(); }) {}
 
 Watchdog::~Watchdog() {
@@ -47,8 +47,17 @@ Watchdog::~Watchdog() {
 }
 
 void Watchdog::track(c10::intrusive_ptr<NcclWork> work) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  pending_.push_back(std::move(work));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    // Checked under the lock fail() takes the list with: Work tracked after
+    // the failure would never be failed, and its wait() would succeed.
+    if (!failure_->failed()) {
+      pending_.push_back(std::move(work));
+      return;
+    }
+  }
+  work->markFailed(failure_->message());
+  retire(std::move(work));
 }
 
 bool Watchdog::idle() {
@@ -127,11 +136,11 @@ void Watchdog::stop() {
 }
 
 void Watchdog::run() {
-  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(comm_->device()));
   // Event queries are "unsafe" calls under another thread's global-mode
   // capture: in the default mode they would invalidate that capture.
   cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
-  C10_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  C10_CUDA_CHECK_WARN(cudaThreadExchangeStreamCaptureMode(&mode));
+  C10_CUDA_CHECK_WARN(cudaSetDevice(comm_->device()));
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
     wake_.wait_for(lock, kPollInterval);
@@ -183,6 +192,9 @@ void Watchdog::poll() {
     if (head->gpuDone()) {
       {
         std::lock_guard<std::mutex> lock(mutex_);
+        if (pending_.empty() || pending_.front() != head) {
+          break; // fail() took the list meanwhile
+        }
         pending_.pop_front();
       }
       retire(std::move(head));

@@ -50,7 +50,7 @@ class Watchdog {
 
   // Marks the end of a synchronous op on `stream` (see SyncOpTimeline).
   void noteSyncOp(cudaStream_t stream, const char* name, uint64_t seq) {
-    syncOps_.note(stream, name, seq);
+    syncOps_.note(stream, name, seq, std::chrono::steady_clock::now());
   }
 
   // Records `reason`, fails pending work, aborts the communicator and (when

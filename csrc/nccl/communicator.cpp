@@ -160,8 +160,13 @@ void Communicator::abort() noexcept {
   // (registrations and windows included) but never waits for peers or for
   // operations that may never complete.
   std::lock_guard<std::mutex> lock(mutex_);
-  if (aborted_.exchange(true, std::memory_order_acq_rel)) {
-    return;
+  {
+    // Polls of the asynchronous error (watchdog, settle) look at the flag
+    // under this lock: once it is set, none of them is inside NCCL.
+    std::lock_guard<std::mutex> polls(pollMutex_);
+    if (aborted_.exchange(true, std::memory_order_acq_rel)) {
+      return;
+    }
   }
   if (signalWindow_) {
     signalWindow_->abortWaits(); // before NCCL unmaps the peers' windows
@@ -186,10 +191,18 @@ void Communicator::abort() noexcept {
     LOG(WARNING) << "[nccl_core] " << capturedGraphs_.live()
                  << " CUDA graph(s) that captured work of this communicator "
                     "are alive: NCCL frees it once they are destroyed";
-    std::thread([comm = comm_, device = device_] {
-      C10_CUDA_CHECK_WARN(cudaSetDevice(device));
-      NCCL_CORE_WARN(ncclCommAbort(comm));
-    }).detach();
+    try {
+      std::thread([comm = comm_, device = device_] {
+        // Woken when a graph dies, perhaps beside another thread's capture.
+        cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
+        C10_CUDA_CHECK_WARN(cudaThreadExchangeStreamCaptureMode(&mode));
+        C10_CUDA_CHECK_WARN(cudaSetDevice(device));
+        NCCL_CORE_WARN(ncclCommAbort(comm));
+      }).detach();
+    } catch (const std::exception& e) {
+      LOG(ERROR) << "[nccl_core] no thread to abort the communicator on ("
+                 << e.what() << "); it is left to the process's exit";
+    }
     return;
   }
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
@@ -197,11 +210,11 @@ void Communicator::abort() noexcept {
 }
 
 ncclResult_t Communicator::asyncError() const {
+  std::lock_guard<std::mutex> lock(pollMutex_);
   if (isAborted()) {
     return ncclSuccess;
   }
   ncclResult_t asyncResult = ncclSuccess;
-  std::lock_guard<std::mutex> lock(pollMutex_);
   ncclResult_t result = ncclCommGetAsyncError(comm_, &asyncResult);
   return result != ncclSuccess ? result : asyncResult;
 }

@@ -31,12 +31,16 @@ void synchronizeDevice(void* /*unused*/) {
   C10_CUDA_CHECK_WARN(cudaDeviceSynchronize());
 }
 
-void release(void* ptr, c10::DeviceIndex device) {
+// `withoutGil`: only where no lock of torch's is held (a tensor's deleter);
+// the MemPool free runs under the caching allocator's lock, which a thread
+// that took the GIL meanwhile could be waiting for.
+void release(void* ptr, c10::DeviceIndex device, bool withoutGil) {
   c10::cuda::CUDAGuard guard(device);
   // ncclMemFree unmaps at once; kernels on any stream may still use the
   // memory, so wait for the device first (as the caching allocator does
   // before it hands memory back).
-  if (BlockingWaitRunner runner = blockingWaitRunner.load()) {
+  BlockingWaitRunner runner = blockingWaitRunner.load();
+  if (withoutGil && runner != nullptr) {
     runner(synchronizeDevice, nullptr);
   } else {
     synchronizeDevice(nullptr);
@@ -54,7 +58,7 @@ struct Allocation {
 
 void deleteAllocation(void* context) {
   auto* allocation = static_cast<Allocation*>(context);
-  release(allocation->ptr, allocation->device);
+  release(allocation->ptr, allocation->device, /*withoutGil=*/true);
   delete allocation;
 }
 
@@ -144,5 +148,6 @@ void nccl_core_pool_free(
     ssize_t /*size*/,
     int device,
     cudaStream_t /*stream*/) {
-  nccl_core::release(ptr, static_cast<c10::DeviceIndex>(device));
+  nccl_core::release(
+      ptr, static_cast<c10::DeviceIndex>(device), /*withoutGil=*/false);
 }

@@ -282,6 +282,7 @@ void putSignal(
   if (oneSidedEngine() == OneSidedEngine::Host) {
     // NCCL reads the source zero-copy from a COLL_SYMMETRIC window only.
     if (comm.inSymmetricWindow(src, bytes)) {
+      comm.noteCapture(stream); // NCCL's plan would hold the communicator
       comm.check(
           hostApi().putSignal(
               src,
@@ -322,6 +323,7 @@ void putSignal(
 void signal(Communicator& comm, int peer, cudaStream_t stream) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(comm.device()));
   if (oneSidedEngine() == OneSidedEngine::Host) {
+    comm.noteCapture(stream);
     comm.check(
         hostApi().signal(peer, 0, 0, 0, comm.get(), stream), "ncclSignal");
     return;
@@ -344,6 +346,7 @@ void waitSignal(
     for (const auto& d : descs) {
       nccl.push_back({d.opCount, d.peer, d.signalIndex, d.context});
     }
+    comm.noteCapture(stream);
     comm.check(
         hostApi().waitSignal(
             static_cast<int>(nccl.size()), nccl.data(), comm.get(), stream),

@@ -10,6 +10,7 @@
 #include "nccl/memory.h"
 #include "nccl/version.h"
 #include "python/communicator_bindings.h"
+#include "python/testing_bindings.h"
 
 namespace py = pybind11;
 
@@ -285,6 +286,7 @@ PYBIND11_MODULE(_C, m) {
   bindOneSided(m);
   bindGroupOptions(m);
   bindBackend(m);
+  bindTesting(m);
   m.def(
       "nccl_version",
       [] {

@@ -218,6 +218,8 @@ def watchdog_frees_nothing(job_store) -> dict:
     init(job_store, timeout_s)
     memory = torch_nccl_core.empty(NUMEL)
     memory.fill_(1.0)
+    if RANK == 1:
+        time.sleep(0.5)  # rank 0's op completes only after it dropped its references
     work = dist.all_reduce(memory, async_op=True)
     error, elapsed = None, 0.0
     if RANK == 0:  # rank 1 never joins the second all_reduce
