@@ -203,10 +203,9 @@ void Watchdog::poll() {
     if (head->pastDeadline(now)) {
       trip(
           c10::str(
+              "Watchdog caught collective operation timeout: ",
               head->describe(),
-              " timed out (timeout ",
-              timeout_.count(),
-              " ms); communicator aborted"),
+              " ran past its timeout; communicator aborted"),
           true);
       return;
     }
@@ -223,17 +222,19 @@ void Watchdog::checkSyncOps(std::chrono::steady_clock::time_point now) {
   }
   trip(
       c10::str(
-          "nccl_core synchronous ",
+          // torch's NCCL backend's wording, which tools and tests look for.
+          "Watchdog caught collective operation timeout: nccl_core "
+          "synchronous ",
           oldest->name,
           " (seq ",
           oldest->seq,
           ") on group '",
           groupName_,
-          "' has not completed within the timeout (",
-          timeout_.count(),
-          " ms; unfinished for at least ",
+          "' has been unfinished for at least ",
           std::chrono::duration_cast<std::chrono::milliseconds>(oldest->age)
               .count(),
+          " ms (timeout ",
+          timeout_.count(),
           " ms); communicator aborted"),
       true);
 }

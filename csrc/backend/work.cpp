@@ -82,9 +82,9 @@ void NcclWork::waitOnHost(std::chrono::milliseconds timeout) {
       C10_THROW_ERROR(
           DistBackendError,
           c10::str(
-              "wait() on ",
+              "wait() caught collective operation timeout: ",
               describe(),
-              " timed out after ",
+              " did not complete within ",
               timeout.count(),
               " ms"));
     }
