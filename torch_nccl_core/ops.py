@@ -4,6 +4,12 @@ The ops take the group by name, like torch's ``_c10d_functional`` ops, so they w
 inside CUDA graphs and under ``torch.compile(fullgraph=True)``. ``window`` is the window's memory
 (``torch_nccl_core.empty(..., window=True)``); the ops mark it as mutated, which orders them after
 the code that fills it and before the code that reads it.
+
+Eagerly, each op is numbered and watched like a synchronous collective of the group: a wait whose
+signals never come fails the group at its timeout, and every later op raises
+``torch.distributed.DistBackendError`` naming that wait, its peer and the group. Arguments are
+checked before NCCL is called (``ValueError``); a put must fit the *target* rank's window, which
+may be smaller than this rank's.
 """
 
 from __future__ import annotations

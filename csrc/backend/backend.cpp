@@ -13,6 +13,7 @@
 
 #include "backend/dispatch.h"
 #include "backend/launch.h"
+#include "nccl/api.h"
 
 namespace nccl_core {
 
@@ -62,6 +63,9 @@ NcclCoreBackend::NcclCoreBackend(
 }
 
 NcclCoreBackend::~NcclCoreBackend() {
+  // First: one-sided ops on the communicator, which may outlive this
+  // backend, stop reaching it (after the ones running now).
+  oneSidedLink_.reset();
   try {
     shutdown();
   } catch (const std::exception& e) {
@@ -111,7 +115,7 @@ void NcclCoreBackend::initCommunicator(at::Device device) {
   const std::string idKey = storeKey("unique_id");
   ncclUniqueId id;
   if (getRank() == 0) {
-    NCCL_CORE_CHECK(ncclGetUniqueId(&id));
+    NCCL_CORE_CHECK(nccl().getUniqueId(&id));
     const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
     store_->set(idKey, std::vector<uint8_t>(bytes, bytes + sizeof(id)));
   } else {
@@ -127,7 +131,17 @@ void NcclCoreBackend::initCommunicator(at::Device device) {
           id,
           device.index(),
           options_->toNcclConfig(),
-          timeout_));
+          timeout_,
+          c10::str("group '", *groupName_, "'"),
+          [this](const std::shared_ptr<Communicator>& started) {
+            {
+              std::lock_guard<std::mutex> lock(initMutex_);
+              initializing_ = started;
+            }
+            if (failure_->failed()) {
+              started->abort(); // aborted before it could be seen
+            }
+          }));
   if (getRank() == 0) {
     // Every rank read the id: the initialization it joined was collective.
     try {
@@ -148,6 +162,7 @@ void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
   events_ = std::make_shared<EventPool>(comm_->device());
   stream_ = c10::cuda::getStreamFromPool(options_->highPriorityStream, device);
   ready_ = events_->acquire();
+  std::lock_guard<std::mutex> lock(initMutex_);
   watchdog_ = std::make_unique<Watchdog>(
       comm_,
       failure_,
@@ -156,6 +171,68 @@ void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
       storeKey("abort"),
       timeout_,
       events_);
+  oneSidedLink_ = std::make_unique<OneSidedLink>(*comm_, *this);
+}
+
+namespace {
+// "nccl_core wait_signal (seq 5, peer 1) on group 'g'"; "(peer 1)" without a
+// sequence number.
+std::string oneSidedLabel(
+    const char* name,
+    const SyncOpDetail& detail,
+    std::optional<uint64_t> seq,
+    const std::string& group) {
+  const std::string peers = describePeers(detail); // ", peer 1"
+  return c10::str(
+      "nccl_core ",
+      name,
+      " (",
+      seq ? c10::str("seq ", *seq, peers) : peers.substr(peers.empty() ? 0 : 2),
+      ") on group '",
+      group,
+      "'");
+}
+} // namespace
+
+void NcclCoreBackend::runOneSided(
+    const char* name,
+    c10::ArrayRef<int> peers,
+    bool waits,
+    cudaStream_t stream,
+    c10::function_ref<void()> enqueue) {
+  SyncOpDetail detail;
+  for (int peer : peers) {
+    detail.addPeer(peer);
+  }
+  detail.waitsOnPeers = waits;
+  if (C10_UNLIKELY(failure_->failed())) {
+    C10_THROW_ERROR(
+        DistBackendError,
+        c10::str(
+            oneSidedLabel(name, detail, std::nullopt, *groupName_),
+            ": ",
+            failure_->message()));
+  }
+  const uint64_t seq = ++seq_;
+  const bool capturing = isCapturing(stream);
+  if (!capturing) {
+    // Not under capture: freeing NCCL memory there would invalidate it.
+    watchdog_->reapRetired();
+  }
+  try {
+    enqueue();
+  } catch (const c10::DistBackendError& e) {
+    // Aborted under the op: the group's failure says why.
+    C10_THROW_ERROR(
+        DistBackendError,
+        c10::str(
+            oneSidedLabel(name, detail, seq, *groupName_),
+            ": ",
+            failure_->failed() ? failure_->message() : e.msg()));
+  }
+  if (!capturing) {
+    watchdog_->noteSyncOp(stream, name, seq, &detail);
+  }
 }
 
 at::Device NcclCoreBackend::deviceForOpWithoutTensors(
@@ -200,11 +277,14 @@ c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::split(
   auto childOptions = std::make_shared<NcclCoreOptions>(*options_);
   const std::chrono::milliseconds childTimeout =
       opts && opts->timeout.count() > 0 ? opts->timeout : timeout_;
+  const std::string childName =
+      opts ? opts->group_name : *groupName_ + ":split";
   // Every rank of the parent takes part; non-members pass no color.
   auto child = parent.split(
       member ? splitColor(ranks) : -1,
       member ? static_cast<int>(me - ranks.begin()) : 0,
-      childOptions->toNcclConfig());
+      childOptions->toNcclConfig(),
+      c10::str("group '", childName, "'"));
   if (!child) {
     return nullptr;
   }
@@ -214,7 +294,7 @@ c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::split(
       store,
       childRank,
       childSize,
-      opts ? opts->group_name : *groupName_ + ":split",
+      childName,
       std::move(childOptions),
       childTimeout,
       std::move(child));
@@ -239,7 +319,7 @@ void NcclCoreBackend::startCoalescing() {
   // own checks inside _coalescing_manager): end it rather than refuse forever.
   abandonCoalescing();
   coalescing_ = true;
-  coalescedGroupOpen_ = false;
+  coalescedGroup_.reset();
   coalescedTensors_.clear();
   coalescedDevice_.reset();
 }
@@ -251,7 +331,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::endCoalescing() {
   coalescing_ = false;
   std::vector<at::Tensor> tensors = std::move(coalescedTensors_);
   const OpInfo info{c10d::OpType::COALESCED, "coalesced", seq_};
-  if (!coalescedGroupOpen_) {
+  if (!coalescedGroup_) {
     // Nothing was enqueued.
     return c10::make_intrusive<NcclWork>(
         info,
@@ -263,13 +343,14 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::endCoalescing() {
         std::vector<at::Tensor>{},
         false);
   }
-  coalescedGroupOpen_ = false;
+  const Communicator::Use group = std::move(*coalescedGroup_);
+  coalescedGroup_.reset();
   const c10::cuda::CUDAGuard deviceGuard(*coalescedDevice_);
   const bool capturing = isCapturing(stream_->stream());
   if (capturing) {
     comm_->noteCapture(stream_->stream()); // before NCCL makes the plan
   }
-  comm_->check(ncclGroupEnd(), "ncclGroupEnd");
+  comm_->check(nccl().groupEnd(), "ncclGroupEnd");
   EventPool::Event end = events_->acquire();
   C10_CUDA_CHECK(cudaEventRecord(end.get(), stream_->stream()));
   auto work = c10::make_intrusive<NcclWork>(
@@ -293,20 +374,20 @@ void NcclCoreBackend::abandonCoalescing() noexcept {
   }
   LOG(WARNING) << "[nccl_core] a coalescing block on group '" << *groupName_
                << "' was left by an exception; the block ends there"
-               << (coalescedGroupOpen_ ? " and the ops queued before it run"
-                                       : "");
+               << (coalescedGroup_ ? " and the ops queued before it run" : "");
   try {
     // Ordered before the caller's next work, as a waited Work would be.
     endCoalescing()->wait();
   } catch (const std::exception& e) {
     coalescing_ = false;
-    coalescedGroupOpen_ = false;
+    coalescedGroup_.reset();
     LOG(ERROR) << "[nccl_core] ending the coalescing block on group '"
                << *groupName_ << "' failed: " << e.what();
   }
 }
 
 void NcclCoreBackend::teardown(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(initMutex_);
   if (watchdog_) {
     // Stopped first: a poll racing the abort would touch a freed
     // communicator.
@@ -315,6 +396,9 @@ void NcclCoreBackend::teardown(const std::string& reason) {
     watchdog_->reapRetired();
   } else {
     failure_->set(reason);
+    if (auto comm = initializing_.lock()) {
+      comm->abort(); // its initialization raises DistBackendError
+    }
   }
 }
 

@@ -10,6 +10,7 @@
 
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -20,6 +21,7 @@
 #include "backend/watchdog.h"
 #include "backend/work.h"
 #include "nccl/communicator.h"
+#include "nccl/onesided.h"
 
 namespace nccl_core {
 
@@ -41,7 +43,7 @@ struct LaunchOptions {
   bool routable = false;
 };
 
-class NcclCoreBackend : public c10d::Backend {
+class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
  public:
   NcclCoreBackend(
       c10::intrusive_ptr<c10d::Store> store,
@@ -165,6 +167,18 @@ class NcclCoreBackend : public c10d::Backend {
   std::shared_ptr<Communicator>
   sharedCommunicator(std::optional<at::Device> device);
 
+  // A one-sided op on the group's communicator (nccl/onesided.h), from the
+  // thread that runs the group's ops: numbered like them, refused once the
+  // group failed, and, outside stream capture, timed by the watchdog like a
+  // synchronous op. Its DistBackendErrors name it, its peers, its sequence
+  // number and the group.
+  void runOneSided(
+      const char* name,
+      c10::ArrayRef<int> peers,
+      bool waits,
+      cudaStream_t stream,
+      c10::function_ref<void()> enqueue) override;
+
  private:
   friend class EndCoalescingOnError;
 
@@ -223,10 +237,16 @@ class NcclCoreBackend : public c10d::Backend {
 
   std::shared_ptr<FailureState> failure_ = std::make_shared<FailureState>();
   std::shared_ptr<Communicator> comm_;
+  // A communicator still initializing, for abort() from another thread; and
+  // the guard of it and of watchdog_ between the two.
+  std::mutex initMutex_;
+  std::weak_ptr<Communicator> initializing_;
   std::shared_ptr<EventPool> events_;
   std::optional<c10::cuda::CUDAStream> stream_; // internal stream for async ops
   EventPool::Event ready_; // reused to order the internal stream
   std::unique_ptr<Watchdog> watchdog_;
+  // Sends the one-sided ops on comm_ through runOneSided.
+  std::unique_ptr<OneSidedLink> oneSidedLink_;
   at::Tensor barrierToken_;
   // TORCH_NCCL_CORE_AUTO_REGISTER (default on): register NCCL memory that
   // ops touch.
@@ -237,7 +257,9 @@ class NcclCoreBackend : public c10d::Backend {
 
   // Coalescing (an NCCL group spanning several ops).
   bool coalescing_ = false;
-  bool coalescedGroupOpen_ = false;
+  // Set while an NCCL group is open: it keeps the communicator from being
+  // freed until ncclGroupEnd returned (Communicator::Use).
+  std::optional<Communicator::Use> coalescedGroup_;
   std::vector<at::Tensor> coalescedTensors_;
   std::optional<at::Device> coalescedDevice_;
 };

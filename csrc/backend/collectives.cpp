@@ -4,6 +4,7 @@
 
 #include "backend/dispatch.h"
 #include "backend/launch.h"
+#include "nccl/api.h"
 
 namespace nccl_core {
 
@@ -70,7 +71,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::broadcast(
       {tensor},
       {},
       [&](ncclComm_t comm, cudaStream_t stream) {
-        return ncclBroadcast(
+        return nccl().broadcast(
             buf.ptr, buf.ptr, buf.count, buf.dtype, root, comm, stream);
       },
       LaunchOptions{false, /*routable=*/true});
@@ -94,7 +95,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce(
       {tensor},
       withFactor({}, op),
       [&](ncclComm_t comm, cudaStream_t stream) {
-        return ncclAllReduce(
+        return nccl().allReduce(
             buf.ptr, buf.ptr, buf.count, buf.dtype, op.get(), comm, stream);
       },
       LaunchOptions{false, op.isBuiltin()});
@@ -133,14 +134,15 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce_coalesced(
       [&](ncclComm_t comm, cudaStream_t stream) {
         NcclGroup group;
         for (size_t i = 0; i < bufs.size(); ++i) {
-          NCCL_CORE_CHECK(ncclAllReduce(
-              bufs[i].ptr,
-              bufs[i].ptr,
-              bufs[i].count,
-              bufs[i].dtype,
-              ops[i]->get(),
-              comm,
-              stream));
+          NCCL_CORE_CHECK(
+              nccl().allReduce(
+                  bufs[i].ptr,
+                  bufs[i].ptr,
+                  bufs[i].count,
+                  bufs[i].dtype,
+                  ops[i]->get(),
+                  comm,
+                  stream));
         }
         return group.end();
       });
@@ -167,7 +169,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce(
       {tensor},
       withFactor({}, op),
       [&](ncclComm_t comm, cudaStream_t stream) {
-        return ncclReduce(
+        return nccl().reduce(
             buf.ptr,
             buf.ptr,
             buf.count,
@@ -212,8 +214,9 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather(
         for (int r = 0; r < getSize(); ++r) {
           const NcclBuffer out = bytesOf(list[r]);
           const void* send = r == getRank() ? input.data_ptr() : out.ptr;
-          NCCL_CORE_CHECK(ncclBroadcast(
-              send, out.ptr, out.count, out.dtype, r, comm, stream));
+          NCCL_CORE_CHECK(
+              nccl().broadcast(
+                  send, out.ptr, out.count, out.dtype, r, comm, stream));
         }
         return group.end();
       });
@@ -240,7 +243,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::_allgather_base(
       {output},
       {input},
       [&](ncclComm_t comm, cudaStream_t stream) {
-        return ncclAllGather(in.ptr, out, in.count, in.dtype, comm, stream);
+        return nccl().allGather(in.ptr, out, in.count, in.dtype, comm, stream);
       },
       LaunchOptions{false, /*routable=*/true});
 }
@@ -293,8 +296,9 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather_coalesced(
           for (size_t i = 0; i < inputs.size(); ++i) {
             const NcclBuffer out = bytesOf(outputLists[r][i]);
             const void* send = r == getRank() ? inputs[i].data_ptr() : out.ptr;
-            NCCL_CORE_CHECK(ncclBroadcast(
-                send, out.ptr, out.count, out.dtype, r, comm, stream));
+            NCCL_CORE_CHECK(
+                nccl().broadcast(
+                    send, out.ptr, out.count, out.dtype, r, comm, stream));
           }
         }
         return group.end();
@@ -333,8 +337,14 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather_into_tensor_coalesced(
         NcclGroup group;
         for (size_t i = 0; i < inputs.size(); ++i) {
           const NcclBuffer in = bytesOf(inputs[i]);
-          NCCL_CORE_CHECK(ncclAllGather(
-              in.ptr, outputs[i].data_ptr(), in.count, in.dtype, comm, stream));
+          NCCL_CORE_CHECK(
+              nccl().allGather(
+                  in.ptr,
+                  outputs[i].data_ptr(),
+                  in.count,
+                  in.dtype,
+                  comm,
+                  stream));
         }
         return group.end();
       });
@@ -373,8 +383,16 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter(
         NcclGroup group;
         for (int r = 0; r < getSize(); ++r) {
           const NcclBuffer in = bufferOf(list[r], kOp);
-          NCCL_CORE_CHECK(ncclReduce(
-              in.ptr, out.ptr, in.count, in.dtype, op.get(), r, comm, stream));
+          NCCL_CORE_CHECK(
+              nccl().reduce(
+                  in.ptr,
+                  out.ptr,
+                  in.count,
+                  in.dtype,
+                  op.get(),
+                  r,
+                  comm,
+                  stream));
         }
         return group.end();
       });
@@ -424,7 +442,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::_reduce_scatter_base(
           copyEngine->enqueue(output, input, opts.reduceOp.op_, stream);
           return ncclSuccess;
         }
-        return ncclReduceScatter(
+        return nccl().reduceScatter(
             in, out.ptr, out.count, out.dtype, op.get(), comm, stream);
       },
       LaunchOptions{false, op.isBuiltin()});
@@ -468,14 +486,15 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter_tensor_coalesced(
         NcclGroup group;
         for (size_t i = 0; i < inputs.size(); ++i) {
           const NcclBuffer out = bufferOf(outputs[i], kOp);
-          NCCL_CORE_CHECK(ncclReduceScatter(
-              inputs[i].data_ptr(),
-              out.ptr,
-              out.count,
-              out.dtype,
-              ops[i]->get(),
-              comm,
-              stream));
+          NCCL_CORE_CHECK(
+              nccl().reduceScatter(
+                  inputs[i].data_ptr(),
+                  out.ptr,
+                  out.count,
+                  out.dtype,
+                  ops[i]->get(),
+                  comm,
+                  stream));
         }
         return group.end();
       });
@@ -502,9 +521,9 @@ NcclCoreBackend::barrier(const c10d::BarrierOptions& opts) {
       opts.timeout,
       {},
       {barrierToken_},
-      [&](ncclComm_t nccl, cudaStream_t stream) {
-        return ncclAllReduce(
-            token, token, 1, ncclFloat32, ncclSum, nccl, stream);
+      [&](ncclComm_t comm, cudaStream_t stream) {
+        return nccl().allReduce(
+            token, token, 1, ncclFloat32, ncclSum, comm, stream);
       },
       LaunchOptions{/*blocksHost=*/true});
 }

@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "nccl/api.h"
 #include "nccl/dtypes.h"
 #include "nccl/errors.h"
 
@@ -250,12 +251,13 @@ ReduceOp::ReduceOp(
               ? premul->tensor_factor.to(tensor.device(), real).reshape({1})
               : at::full(
                     {1}, premul->double_factor, tensor.options().dtype(real));
-      NCCL_CORE_CHECK(ncclRedOpCreatePreMulSum(
-          &op_,
-          factor_.data_ptr(),
-          bufferOf(factor_, opName).dtype,
-          ncclScalarDevice,
-          comm.get()));
+      NCCL_CORE_CHECK(
+          nccl().redOpCreatePreMulSum(
+              &op_,
+              factor_.data_ptr(),
+              bufferOf(factor_, opName).dtype,
+              ncclScalarDevice,
+              comm.get()));
       comm_ = &comm;
       break;
     }

@@ -11,6 +11,9 @@ void EventPool::Releaser::operator()(CUevent_st* event) const {
 }
 
 EventPool::~EventPool() {
+  if (free_.empty()) {
+    return; // no event was made (or a test had no GPU)
+  }
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   for (cudaEvent_t event : free_) {
     C10_CUDA_CHECK_WARN(cudaEventDestroy(event));

@@ -7,6 +7,7 @@
 
 #include "backend/backend.h"
 #include "backend/routing.h"
+#include "nccl/api.h"
 #include "nccl/errors.h"
 
 namespace nccl_core {
@@ -21,23 +22,51 @@ inline bool isCapturing(cudaStream_t stream) {
 class NcclGroup {
  public:
   NcclGroup() {
-    NCCL_CORE_CHECK(ncclGroupStart());
+    NCCL_CORE_CHECK(nccl().groupStart());
   }
   NcclGroup(const NcclGroup&) = delete;
   NcclGroup& operator=(const NcclGroup&) = delete;
   ~NcclGroup() {
     if (open_) {
-      NCCL_CORE_WARN(ncclGroupEnd());
+      NCCL_CORE_WARN(nccl().groupEnd());
     }
   }
   ncclResult_t end() {
     open_ = false;
-    return ncclGroupEnd();
+    return nccl().groupEnd();
   }
 
  private:
   bool open_ = true;
 };
+
+// Runs an op's NCCL calls on `comm`, inside the communicator's abort fence;
+// a failure raises DistBackendError naming the op, its sequence number and
+// its group.
+template <typename Enqueue>
+void enqueueChecked(
+    Communicator& comm,
+    const OpInfo& info,
+    const std::string& group,
+    Enqueue& enqueue,
+    cudaStream_t stream) {
+  try {
+    const Communicator::Use use = comm.use();
+    comm.check(enqueue(use.handle(), stream), info.name);
+  } catch (const c10::DistBackendError& e) {
+    C10_THROW_ERROR(
+        DistBackendError,
+        c10::str(
+            "nccl_core ",
+            info.name,
+            " (seq ",
+            info.seq,
+            ") on group '",
+            group,
+            "' failed: ",
+            e.what_without_backtrace()));
+  }
+}
 
 template <typename Enqueue>
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
@@ -97,16 +126,20 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
 
   if (!asyncOp && !coalescing_ && !blocksHost) {
     // Lean path: the caller's stream already orders everything.
-    comm.check(enqueue(comm.get(), current.stream()), name);
+    enqueueChecked(comm, info, *groupName_, enqueue, current.stream());
     if (!capturing) {
       watchdog_->noteSyncOp(current.stream(), name, info.seq);
     }
     return eventless();
   }
 
-  if (coalescing_ && !coalescedGroupOpen_) {
-    NCCL_CORE_CHECK(ncclGroupStart());
-    coalescedGroupOpen_ = true;
+  if (coalescing_ && !coalescedGroup_) {
+    coalescedGroup_.emplace(comm);
+    const ncclResult_t started = nccl().groupStart();
+    if (started != ncclSuccess) {
+      coalescedGroup_.reset();
+      throwNcclError(started, "ncclGroupStart", __FILE__, __LINE__);
+    }
     coalescedDevice_ = device;
   }
   C10_CUDA_CHECK(cudaEventRecord(ready_.get(), current.stream()));
@@ -114,7 +147,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
   {
     // Temporaries made while enqueueing belong to the internal stream.
     c10::cuda::CUDAStreamGuard guard(*stream_);
-    comm.check(enqueue(comm.get(), stream_->stream()), name);
+    enqueueChecked(comm, info, *groupName_, enqueue, stream_->stream());
   }
   inputs.insert(inputs.end(), outputs.begin(), outputs.end());
   if (coalescing_) {

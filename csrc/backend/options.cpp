@@ -1,6 +1,7 @@
 #include "backend/options.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/env.h>
 
 namespace nccl_core {
 
@@ -42,8 +43,13 @@ void NcclCoreOptions::validate() const {
 
 ncclConfig_t NcclCoreOptions::toNcclConfig() const {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  if (blocking) {
-    config.blocking = *blocking ? 1 : 0;
+  // torch's switch for its NCCL backend, where the option is left unset.
+  // Only nonblocking communicators have initialization, splits and
+  // registrations bounded by the timeout and abortable (docs/design.md).
+  if (const auto choice =
+          blocking ? std::optional<bool>(!*blocking)
+                   : c10::utils::check_env("TORCH_NCCL_USE_COMM_NONBLOCKING")) {
+    config.blocking = *choice ? 0 : 1;
   }
   if (cgaClusterSize) {
     config.cgaClusterSize = *cgaClusterSize;

@@ -5,6 +5,7 @@
 
 #include "backend/dispatch.h"
 #include "backend/launch.h"
+#include "nccl/api.h"
 
 namespace nccl_core {
 
@@ -17,7 +18,7 @@ ncclResult_t sendBytes(
     int peer,
     ncclComm_t comm,
     cudaStream_t stream) {
-  return ncclSend(ptr, bytes, ncclUint8, peer, comm, stream);
+  return nccl().send(ptr, bytes, ncclUint8, peer, comm, stream);
 }
 
 ncclResult_t recvBytes(
@@ -26,7 +27,7 @@ ncclResult_t recvBytes(
     int peer,
     ncclComm_t comm,
     cudaStream_t stream) {
-  return ncclRecv(ptr, bytes, ncclUint8, peer, comm, stream);
+  return nccl().recv(ptr, bytes, ncclUint8, peer, comm, stream);
 }
 
 // Per-rank element counts of an all-to-all side, split along dim 0.

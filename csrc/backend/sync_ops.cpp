@@ -2,7 +2,24 @@
 
 #include <c10/cuda/CUDAException.h>
 
+#include <algorithm>
+
 namespace nccl_core {
+
+std::string describePeers(const SyncOpDetail& detail) {
+  if (detail.peerCount == 0) {
+    return {};
+  }
+  std::string text = detail.peerCount == 1 ? ", peer " : ", peers ";
+  const int shown = std::min(detail.peerCount, SyncOpDetail::kPeersShown);
+  for (int i = 0; i < shown; ++i) {
+    text += (i == 0 ? "" : ", ") + std::to_string(detail.peers[i]);
+  }
+  if (detail.peerCount > shown) {
+    text += " and " + std::to_string(detail.peerCount - shown) + " more";
+  }
+  return text;
+}
 
 void CudaSpanEvents::record(const Event& event, cudaStream_t stream) {
   C10_CUDA_CHECK(cudaEventRecord(event.get(), stream));

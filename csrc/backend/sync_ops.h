@@ -19,16 +19,43 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 
 #include "backend/event_pool.h"
 
 namespace nccl_core {
+
+// What the watchdog says of a synchronous op besides its name and sequence
+// number: the peers of a one-sided op. Plain data of fixed size, so that
+// noting an op never allocates; collectives note none.
+struct SyncOpDetail {
+  static constexpr int kPeersShown = 4;
+  std::array<int, kPeersShown> peers{};
+  int peerCount = 0; // every peer, shown or not
+  // The op waits for its peers (wait_signal). Such an op opens a span of its
+  // own, so that a wait whose signals never come is reported by name and
+  // sequence number, not as an earlier op of its span; only waits noted
+  // within kWaitBurst of the one that opened a span share it, which bounds
+  // the spans (and events) of a loop of waits.
+  bool waitsOnPeers = false;
+
+  void addPeer(int peer) {
+    if (peerCount < kPeersShown) {
+      peers[peerCount] = peer;
+    }
+    ++peerCount;
+  }
+};
+
+// ", peer 1" or ", peers 1, 2, 3, 4 and 2 more"; empty without peers.
+std::string describePeers(const SyncOpDetail& detail);
 
 // `Events` provides: a movable `Event`; `Event acquire()`;
 // `void record(const Event&, cudaStream_t)`; `bool finished(const Event&)`.
@@ -41,20 +68,29 @@ class BasicSyncOpTimeline {
     const char* name; // the span's first op: the oldest not known to be done
     uint64_t seq;
     Clock::duration age; // lower bound of the oldest unfinished op's age
+    SyncOpDetail detail; // that op's
   };
+
+  // See SyncOpDetail::waitsOnPeers.
+  static constexpr Clock::duration kWaitBurst = std::chrono::milliseconds(1);
 
   BasicSyncOpTimeline(Events events, Clock::duration span)
       : events_(std::move(events)), span_(span) {}
   BasicSyncOpTimeline(const BasicSyncOpTimeline&) = delete;
   BasicSyncOpTimeline& operator=(const BasicSyncOpTimeline&) = delete;
 
-  // Caller thread: op `seq` was enqueued on `stream` at `now`.
+  // Caller thread: op `seq` was enqueued on `stream` at `now`; `detail`, if
+  // any, is reported with it.
   void note(
       cudaStream_t stream,
       const char* name,
       uint64_t seq,
-      Clock::time_point now) {
-    if (open_ == nullptr || now - open_->start >= span_) {
+      Clock::time_point now,
+      const SyncOpDetail* detail = nullptr) {
+    if (open_ == nullptr || now - open_->start >= span_ ||
+        (detail != nullptr && detail->waitsOnPeers &&
+         !(open_->firstDetail.waitsOnPeers &&
+           now - open_->start < kWaitBurst))) {
       // Recorded before it is published: a reader never sees a span without
       // this op's record and time.
       auto span = std::make_unique<Span>();
@@ -62,6 +98,9 @@ class BasicSyncOpTimeline {
       span->start = now;
       span->firstName = name;
       span->firstSeq = seq;
+      if (detail != nullptr) {
+        span->firstDetail = *detail;
+      }
       span->lastRecord.store(now.time_since_epoch().count());
       events_.record(span->event, stream);
       open_ = span.get();
@@ -94,7 +133,8 @@ class BasicSyncOpTimeline {
       return Unfinished{
           oldest.firstName,
           oldest.firstSeq,
-          now > last ? now - last : Clock::duration::zero()};
+          now > last ? now - last : Clock::duration::zero(),
+          oldest.firstDetail};
     }
     return std::nullopt;
   }
@@ -110,6 +150,7 @@ class BasicSyncOpTimeline {
     Clock::time_point start;
     const char* firstName;
     uint64_t firstSeq;
+    SyncOpDetail firstDetail;
     std::atomic<Clock::rep> lastRecord; // time_since_epoch of the last record
   };
 

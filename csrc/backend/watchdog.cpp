@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Logging.h>
 
+#include "nccl/api.h"
 #include "nccl/errors.h"
 
 #include <algorithm>
@@ -67,7 +68,11 @@ bool Watchdog::idle() {
       return false;
     }
   }
-  return !syncOps_.oldestUnfinished(std::chrono::steady_clock::now());
+  const auto oldest =
+      syncOps_.oldestUnfinished(std::chrono::steady_clock::now());
+  // A one-sided wait may wait for a signal that never comes: shutdown ends
+  // it (the abort releases the waiting kernel) rather than wait it out.
+  return !oldest || oldest->detail.waitsOnPeers;
 }
 
 void Watchdog::retire(c10::intrusive_ptr<NcclWork> work) {
@@ -139,8 +144,8 @@ void Watchdog::run() {
   // Event queries are "unsafe" calls under another thread's global-mode
   // capture: in the default mode they would invalidate that capture.
   cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
-  C10_CUDA_CHECK_WARN(cudaThreadExchangeStreamCaptureMode(&mode));
-  C10_CUDA_CHECK_WARN(cudaSetDevice(comm_->device()));
+  C10_CUDA_CHECK_WARN(nccl().exchangeStreamCaptureMode(&mode));
+  C10_CUDA_CHECK_WARN(nccl().setDevice(comm_->device()));
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
     wake_.wait_for(lock, kPollInterval);
@@ -175,7 +180,7 @@ void Watchdog::poll() {
             "': ",
             resultName(asyncError),
             ": ",
-            ncclGetErrorString(asyncError)),
+            nccl().getErrorString(asyncError)),
         true);
     return;
   }
@@ -228,6 +233,7 @@ void Watchdog::checkSyncOps(std::chrono::steady_clock::time_point now) {
           oldest->name,
           " (seq ",
           oldest->seq,
+          describePeers(oldest->detail),
           ") on group '",
           groupName_,
           "' has been unfinished for at least ",

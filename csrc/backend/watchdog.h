@@ -48,9 +48,14 @@ class Watchdog {
 
   void track(c10::intrusive_ptr<NcclWork> work);
 
-  // Marks the end of a synchronous op on `stream` (see SyncOpTimeline).
-  void noteSyncOp(cudaStream_t stream, const char* name, uint64_t seq) {
-    syncOps_.note(stream, name, seq, std::chrono::steady_clock::now());
+  // Marks the end of a synchronous op on `stream` (see SyncOpTimeline); a
+  // one-sided op passes its peers in `detail`.
+  void noteSyncOp(
+      cudaStream_t stream,
+      const char* name,
+      uint64_t seq,
+      const SyncOpDetail* detail = nullptr) {
+    syncOps_.note(stream, name, seq, std::chrono::steady_clock::now(), detail);
   }
 
   // Records `reason`, fails pending work, aborts the communicator and (when
@@ -60,7 +65,8 @@ class Watchdog {
   // Fails and drops work not yet completed, then joins the thread.
   void stop();
 
-  // Whether every tracked async Work and every synchronous op finished.
+  // Whether every tracked async Work and every synchronous op finished, but
+  // for a one-sided wait, which shutdown ends rather than waits for.
   bool idle();
 
   // Drops, on the calling thread, the Work the watchdog retired (its tensors

@@ -1,7 +1,6 @@
 #include "nccl/communicator.h"
 
 #include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
 
@@ -9,6 +8,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "nccl/api.h"
 #include "nccl/dev_comm.h"
 #include "nccl/errors.h"
 #include "nccl/window_pointers.h"
@@ -31,25 +31,44 @@ std::shared_ptr<Communicator> Communicator::create(
     const ncclUniqueId& id,
     int device,
     ncclConfig_t config,
-    std::chrono::milliseconds timeout) {
-  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    std::chrono::milliseconds timeout,
+    std::string label,
+    const std::function<void(const std::shared_ptr<Communicator>&)>& started) {
+  DeviceGuard guard(device);
   ncclComm_t comm = nullptr;
   ncclResult_t result =
-      ncclCommInitRankConfig(&comm, nranks, id, rank, &config);
-  // Owned from here on, so that a failed initialization is aborted.
-  auto communicator = adopt(comm, rank, nranks, device, config, timeout);
+      nccl().commInitRankConfig(&comm, nranks, id, rank, &config);
+  if (comm == nullptr) {
+    throwNcclError(result, "ncclCommInitRankConfig", __FILE__, __LINE__);
+  }
+  // Owned from here on, so that a failed or late initialization is aborted.
+  auto communicator =
+      adopt(comm, rank, nranks, device, config, timeout, std::move(label));
+  if (started) {
+    started(communicator);
+  }
   communicator->check(result, "ncclCommInitRankConfig");
   return communicator;
 }
 
-std::shared_ptr<Communicator>
-Communicator::split(int color, int key, ncclConfig_t config) {
-  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+std::shared_ptr<Communicator> Communicator::split(
+    int color,
+    int key,
+    ncclConfig_t config,
+    std::string label) {
+  DeviceGuard guard(device_);
   ncclComm_t child = nullptr;
-  ncclResult_t result = ncclCommSplit(
-      get(), color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
-  if (result != ncclSuccess && result != ncclInProgress) {
-    throwNcclError(result, "ncclCommSplit", __FILE__, __LINE__, comm_);
+  {
+    Use use(*this);
+    const ncclResult_t result = nccl().commSplit(
+        use.handle(),
+        color < 0 ? NCCL_SPLIT_NOCOLOR : color,
+        key,
+        &child,
+        &config);
+    if (result != ncclSuccess && result != ncclInProgress) {
+      throwNcclError(result, "ncclCommSplit", __FILE__, __LINE__, comm_);
+    }
   }
   if (nonblocking_) {
     // The parent's config decides: the split runs asynchronously and `child`
@@ -64,9 +83,12 @@ Communicator::split(int color, int key, ncclConfig_t config) {
   }
   int childRank = 0;
   int childSize = 0;
-  NCCL_CORE_CHECK(ncclCommUserRank(child, &childRank));
-  NCCL_CORE_CHECK(ncclCommCount(child, &childSize));
-  return adopt(child, childRank, childSize, device_, config, timeout_);
+  NCCL_CORE_CHECK(nccl().commUserRank(child, &childRank));
+  NCCL_CORE_CHECK(nccl().commCount(child, &childSize));
+  auto adopted = adopt(
+      child, childRank, childSize, device_, config, timeout_, std::move(label));
+  get(); // aborted meanwhile: the split fails, and the child goes with it
+  return adopted;
 }
 
 Communicator::Communicator(
@@ -75,13 +97,15 @@ Communicator::Communicator(
     int size,
     int device,
     const ncclConfig_t& config,
-    std::chrono::milliseconds timeout)
+    std::chrono::milliseconds timeout,
+    std::string label)
     : comm_(comm),
       rank_(rank),
       size_(size),
       device_(device),
       nonblocking_(config.blocking == 0),
       timeout_(timeout),
+      label_(std::move(label)),
       netName_(config.netName != nullptr ? config.netName : ""),
       commName_(config.commName != nullptr ? config.commName : ""),
       config_(config) {
@@ -95,9 +119,10 @@ std::shared_ptr<Communicator> Communicator::adopt(
     int size,
     int device,
     const ncclConfig_t& config,
-    std::chrono::milliseconds timeout) {
-  std::shared_ptr<Communicator> communicator(
-      new Communicator(comm, rank, size, device, config, timeout));
+    std::chrono::milliseconds timeout,
+    std::string label) {
+  std::shared_ptr<Communicator> communicator(new Communicator(
+      comm, rank, size, device, config, timeout, std::move(label)));
   addAllocationObserver(communicator);
   return communicator;
 }
@@ -108,9 +133,33 @@ Communicator::~Communicator() {
 
 ncclComm_t Communicator::get() const {
   if (C10_UNLIKELY(isAborted())) {
-    C10_THROW_ERROR(DistBackendError, "NCCL communicator was aborted");
+    raiseAborted();
   }
   return comm_;
+}
+
+void Communicator::raiseAborted() const {
+  C10_THROW_ERROR(
+      DistBackendError,
+      c10::str("the NCCL communicator of ", label_, " was aborted"));
+}
+
+Communicator::Use::Use(Communicator& comm) : comm_(&comm) {
+  comm.uses_.fetch_add(1);
+  if (C10_UNLIKELY(comm.aborted_.load())) {
+    Communicator* aborted = std::exchange(comm_, nullptr);
+    if (aborted->uses_.fetch_sub(1) == 1 && aborted->releaseRequested_) {
+      aborted->releaseHandle();
+    }
+    aborted->raiseAborted();
+  }
+}
+
+Communicator::Use::~Use() {
+  if (comm_ != nullptr && comm_->uses_.fetch_sub(1) == 1 &&
+      comm_->releaseRequested_) {
+    comm_->releaseHandle();
+  }
 }
 
 void Communicator::check(ncclResult_t result, const char* call) {
@@ -123,17 +172,23 @@ void Communicator::check(ncclResult_t result, const char* call) {
       return;
     }
   }
-  throwNcclError(result, call, __FILE__, __LINE__, comm_);
+  throwNcclError(
+      result,
+      c10::str(call, " on ", label_).c_str(),
+      __FILE__,
+      __LINE__,
+      comm_);
 }
 
-ncclResult_t Communicator::settle(const char* call) {
+std::optional<ncclResult_t> Communicator::pollUntilSettled() {
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   while (true) {
     ncclResult_t state = ncclSuccess;
     ncclResult_t result = ncclSuccess;
     {
+      Use use(*this);
       std::lock_guard<std::mutex> lock(pollMutex_);
-      result = ncclCommGetAsyncError(get(), &state);
+      result = nccl().commGetAsyncError(use.handle(), &state);
     }
     if (result != ncclSuccess) {
       return result;
@@ -142,17 +197,26 @@ ncclResult_t Communicator::settle(const char* call) {
       return state;
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      abort();
-      C10_THROW_ERROR(
-          DistBackendError,
-          c10::str(
-              call,
-              " on a nonblocking NCCL communicator did not complete within ",
-              timeout_.count(),
-              " ms; the communicator was aborted"));
+      return std::nullopt;
     }
     std::this_thread::yield();
   }
+}
+
+ncclResult_t Communicator::settle(const char* call) {
+  if (const auto settled = pollUntilSettled()) {
+    return *settled;
+  }
+  abort();
+  C10_THROW_ERROR(
+      DistBackendError,
+      c10::str(
+          call,
+          " on the NCCL communicator of ",
+          label_,
+          " did not complete within ",
+          timeout_.count(),
+          " ms; the communicator was aborted"));
 }
 
 void Communicator::abort() noexcept {
@@ -160,13 +224,8 @@ void Communicator::abort() noexcept {
   // (registrations and windows included) but never waits for peers or for
   // operations that may never complete.
   std::lock_guard<std::mutex> lock(mutex_);
-  {
-    // Polls of the asynchronous error (watchdog, settle) look at the flag
-    // under this lock: once it is set, none of them is inside NCCL.
-    std::lock_guard<std::mutex> polls(pollMutex_);
-    if (aborted_.exchange(true, std::memory_order_acq_rel)) {
-      return;
-    }
+  if (aborted_.exchange(true)) {
+    return;
   }
   if (signalWindow_) {
     signalWindow_->abortWaits(); // before NCCL unmaps the peers' windows
@@ -185,6 +244,16 @@ void Communicator::abort() noexcept {
   if (withoutWindows_) {
     withoutWindows_->abort();
   }
+  releaseRequested_ = true;
+  if (uses_.load() == 0) {
+    releaseHandle();
+  }
+}
+
+void Communicator::releaseHandle() noexcept {
+  if (released_.exchange(true)) {
+    return;
+  }
   if (capturedGraphs_.live() > 0) {
     // ncclCommAbort ends the communicator's kernels at once, then waits for
     // the graphs; teardown must not wait with it.
@@ -195,9 +264,9 @@ void Communicator::abort() noexcept {
       std::thread([comm = comm_, device = device_] {
         // Woken when a graph dies, perhaps beside another thread's capture.
         cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
-        C10_CUDA_CHECK_WARN(cudaThreadExchangeStreamCaptureMode(&mode));
-        C10_CUDA_CHECK_WARN(cudaSetDevice(device));
-        NCCL_CORE_WARN(ncclCommAbort(comm));
+        C10_CUDA_CHECK_WARN(nccl().exchangeStreamCaptureMode(&mode));
+        C10_CUDA_CHECK_WARN(nccl().setDevice(device));
+        NCCL_CORE_WARN(nccl().commAbort(comm));
       }).detach();
     } catch (const std::exception& e) {
       LOG(ERROR) << "[nccl_core] no thread to abort the communicator on ("
@@ -205,18 +274,29 @@ void Communicator::abort() noexcept {
     }
     return;
   }
-  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
-  NCCL_CORE_WARN(ncclCommAbort(comm_));
+  try {
+    DeviceGuard guard(device_);
+    NCCL_CORE_WARN(nccl().commAbort(comm_));
+  } catch (const std::exception& e) {
+    LOG(ERROR) << "[nccl_core] could not abort the NCCL communicator of "
+               << label_ << ": " << e.what();
+  }
 }
 
-ncclResult_t Communicator::asyncError() const {
-  std::lock_guard<std::mutex> lock(pollMutex_);
+ncclResult_t Communicator::asyncError() {
   if (isAborted()) {
     return ncclSuccess;
   }
-  ncclResult_t asyncResult = ncclSuccess;
-  ncclResult_t result = ncclCommGetAsyncError(comm_, &asyncResult);
-  return result != ncclSuccess ? result : asyncResult;
+  try {
+    Use use(*this);
+    std::lock_guard<std::mutex> lock(pollMutex_);
+    ncclResult_t asyncResult = ncclSuccess;
+    const ncclResult_t result =
+        nccl().commGetAsyncError(use.handle(), &asyncResult);
+    return result != ncclSuccess ? result : asyncResult;
+  } catch (const c10::DistBackendError&) {
+    return ncclSuccess; // aborted meanwhile: the abort reports itself
+  }
 }
 
 template <typename Resource, typename... Args>
@@ -233,10 +313,11 @@ std::shared_ptr<Resource> Communicator::track(Args&&... args) {
 std::shared_ptr<RegisteredBuffer>
 Communicator::registerBuffer(void* ptr, size_t bytes) {
   const auto allocation = findAllocation(ptr, bytes);
-  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  DeviceGuard guard(device_);
   std::lock_guard<std::mutex> lock(mutex_);
   void* handle = nullptr;
-  checkLocal(ncclCommRegister(get(), ptr, bytes, &handle), "ncclCommRegister");
+  checkLocal(
+      nccl().commRegister(get(), ptr, bytes, &handle), "ncclCommRegister");
   return track<RegisteredBuffer>(
       allocation ? std::optional<uint64_t>(allocation->id) : std::nullopt,
       handle,
@@ -246,14 +327,14 @@ Communicator::registerBuffer(void* ptr, size_t bytes) {
 std::shared_ptr<Window>
 Communicator::registerWindow(void* ptr, size_t bytes, int flags) {
   const auto allocation = findAllocation(ptr, bytes);
-  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  DeviceGuard guard(device_);
   // Collective: waits for the peers, so without the lock (abort must stay
   // possible meanwhile).
   if ((flags & NCCL_WIN_COLL_SYMMETRIC) != 0 && !withoutWindows()) {
     // Collective like the registration itself, so every rank makes it here.
     ncclConfig_t config = config_; // the group's settings (CTAs, ...)
     config.splitShare = 1;         // shares the parent's buffers and channels
-    auto twin = split(0, rank_, config);
+    auto twin = split(0, rank_, config, label_ + " (window-free twin)");
     std::lock_guard<std::mutex> lock(mutex_);
     if (isAborted()) {
       twin->abort(); // aborted meanwhile: the twin goes with it
@@ -284,11 +365,11 @@ Communicator::registerWindow(void* ptr, size_t bytes, int flags) {
 
 std::shared_ptr<CustomRedOp>
 Communicator::createPreMulSum(const void* hostScalar, ncclDataType_t dtype) {
-  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  DeviceGuard guard(device_);
   std::lock_guard<std::mutex> lock(mutex_);
   ncclRedOp_t op;
   checkLocal(
-      ncclRedOpCreatePreMulSum(
+      nccl().redOpCreatePreMulSum(
           &op,
           const_cast<void*>(hostScalar),
           dtype,
@@ -341,11 +422,15 @@ Staging& Communicator::staging(size_t bytes) {
 }
 
 ncclWindow_t Communicator::windowRegister(void* ptr, size_t bytes, int flags) {
-  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  DeviceGuard guard(device_);
   ncclWindow_t window = nullptr;
-  check(
-      ncclCommWindowRegister(get(), ptr, bytes, &window, flags),
-      "ncclCommWindowRegister");
+  ncclResult_t result = ncclSuccess;
+  {
+    Use use(*this);
+    result =
+        nccl().commWindowRegister(use.handle(), ptr, bytes, &window, flags);
+  }
+  check(result, "ncclCommWindowRegister");
   if (nonblocking_) {
     // Returns before the peers joined; `window` is written once settled.
     check(ncclInProgress, "ncclCommWindowRegister");
@@ -370,8 +455,8 @@ Communicator::adoptDevComm(std::shared_ptr<void> devComm) {
 void Communicator::destroyRedOp(ncclRedOp_t op) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!isAborted()) {
-    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
-    NCCL_CORE_WARN(ncclRedOpDestroy(op, comm_));
+    DeviceGuard guard(device_);
+    NCCL_CORE_WARN(nccl().redOpDestroy(op, comm_));
   }
 }
 
@@ -426,7 +511,7 @@ void Communicator::registerAutomatically(const void* ptr, size_t bytes) {
   // shares one registration.
   void* handle = nullptr;
   checkLocal(
-      ncclCommRegister(
+      nccl().commRegister(
           get(),
           reinterpret_cast<void*>(allocation->base),
           allocation->size,
@@ -459,8 +544,23 @@ void Communicator::close(CommResource& resource) noexcept {
     }
   }
   if (!isAborted()) {
-    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    DeviceGuard guard(device_);
     owned->release(comm_);
+    if (nonblocking_) {
+      // A release may be collective (window deregistration) and return
+      // ncclInProgress: NCCL refuses the next call until it settled.
+      try {
+        const auto settled = pollUntilSettled();
+        if (!settled || *settled != ncclSuccess) {
+          LOG(WARNING) << "[nccl_core] releasing a resource of " << label_
+                       << (settled ? " failed: " : " did not complete in time")
+                       << (settled ? resultName(*settled) : "");
+        }
+      } catch (const std::exception& e) {
+        LOG(WARNING) << "[nccl_core] releasing a resource of " << label_ << ": "
+                     << e.what();
+      }
+    }
   }
 }
 

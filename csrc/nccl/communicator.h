@@ -6,10 +6,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "nccl/allocations.h"
@@ -23,26 +26,60 @@ class Communicator final : public AllocationObserver,
                            public std::enable_shared_from_this<Communicator> {
  public:
   // Collective over the `nranks` processes that share `id`. A nonblocking
-  // config (blocking = 0) is waited for up to `timeout`.
+  // config (blocking = 0) is waited for up to `timeout`, then aborted.
+  // `label` names the communicator in errors ("group 'name'"). `started`
+  // sees the communicator before it is waited for, so that another thread
+  // can abort a late initialization.
   static std::shared_ptr<Communicator> create(
       int nranks,
       int rank,
       const ncclUniqueId& id,
       int device,
       ncclConfig_t config,
-      std::chrono::milliseconds timeout);
+      std::chrono::milliseconds timeout,
+      std::string label,
+      const std::function<void(const std::shared_ptr<Communicator>&)>& started =
+          nullptr);
 
   // ncclCommSplit, collective over this communicator. Returns nullptr on a
-  // rank that passes color < 0 (it joins no new communicator).
-  std::shared_ptr<Communicator> split(int color, int key, ncclConfig_t config);
+  // rank that passes color < 0 (it joins no new communicator). `label` names
+  // the new one in errors.
+  std::shared_ptr<Communicator>
+  split(int color, int key, ncclConfig_t config, std::string label);
 
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
   ~Communicator() override;
 
+  // A thread's stay inside NCCL on this communicator. While any is held,
+  // abort() leaves ncclCommAbort to the last one to end, so NCCL never frees
+  // the communicator under a call in progress. Taking one throws
+  // DistBackendError once the communicator was aborted.
+  class Use {
+   public:
+    explicit Use(Communicator& comm);
+    Use(Use&& other) noexcept : comm_(std::exchange(other.comm_, nullptr)) {}
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+    Use& operator=(Use&&) = delete;
+    ~Use();
+    ncclComm_t handle() const {
+      return comm_->comm_;
+    }
+
+   private:
+    Communicator* comm_;
+  };
+  Use use() {
+    return Use(*this);
+  }
+
   // The raw handle, for enqueueing operations. Throws DistBackendError once
-  // the communicator was aborted.
+  // the communicator was aborted. Prefer use(), which also fences abort().
   ncclComm_t get() const;
+  const std::string& label() const {
+    return label_;
+  }
 
   int rank() const {
     return rank_;
@@ -73,7 +110,7 @@ class Communicator final : public AllocationObserver,
   }
 
   // The asynchronous error NCCL recorded, ncclSuccess when there is none.
-  ncclResult_t asyncError() const;
+  ncclResult_t asyncError();
 
   // Resources (see resources.h), tracked until closed.
   std::shared_ptr<RegisteredBuffer> registerBuffer(void* ptr, size_t bytes);
@@ -133,19 +170,28 @@ class Communicator final : public AllocationObserver,
       int size,
       int device,
       const ncclConfig_t& config,
-      std::chrono::milliseconds timeout);
+      std::chrono::milliseconds timeout,
+      std::string label);
   static std::shared_ptr<Communicator> adopt(
       ncclComm_t comm,
       int rank,
       int size,
       int device,
       const ncclConfig_t& config,
-      std::chrono::milliseconds timeout);
+      std::chrono::milliseconds timeout,
+      std::string label);
+  [[noreturn]] void raiseAborted() const;
+  // ncclCommAbort, once: by abort() when no Use is held, else by the last
+  // Use to end.
+  void releaseHandle() noexcept;
 
   // Polls a nonblocking communicator until NCCL finished `call`. At the
   // timeout it aborts the communicator (which ends NCCL's pending job, so it
   // cannot write to the caller's output later) and throws.
   ncclResult_t settle(const char* call);
+  // The state NCCL reaches within the timeout; nullopt if it is still
+  // ncclInProgress then.
+  std::optional<ncclResult_t> pollUntilSettled();
   // ncclCommWindowRegister, settled; null where the platform has no windows.
   // Collective.
   ncclWindow_t windowRegister(void* ptr, size_t bytes, int flags);
@@ -166,11 +212,17 @@ class Communicator final : public AllocationObserver,
   const int device_;
   const bool nonblocking_;
   const std::chrono::milliseconds timeout_;
+  const std::string label_;
   // The config it was made with (strings owned here), for the twin.
   const std::string netName_;
   const std::string commName_;
   ncclConfig_t config_;
   std::atomic<bool> aborted_{false};
+  // The fence between Use and abort(): Dekker-style, so every access is
+  // sequentially consistent.
+  std::atomic<int> uses_{0};
+  std::atomic<bool> releaseRequested_{false};
+  std::atomic<bool> released_{false};
   CapturedGraphs capturedGraphs_;
 
   // Guards abort and the resource tables; never held across a collective.

@@ -1,10 +1,10 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
-#include <dlfcn.h>
 
 #include <limits>
 #include <nccl_device.h>
 
+#include "nccl/api.h"
 #include "nccl/communicator.h"
 #include "nccl/dev_comm.h"
 #include "nccl/errors.h"
@@ -127,7 +127,7 @@ int DevComm::lsaSize() const {
 }
 
 void DevComm::release(ncclComm_t comm) noexcept {
-  NCCL_CORE_WARN(ncclDevCommDestroy(comm, &devCommOf(devComm_)));
+  NCCL_CORE_WARN(nccl().devCommDestroy(comm, &devCommOf(devComm_)));
 }
 
 std::shared_ptr<DevComm> createDevComm(
@@ -140,19 +140,19 @@ std::shared_ptr<DevComm> createDevComm(
   }
   auto devComm = std::make_shared<ncclDevComm_t>();
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(comm.device()));
-  comm.check(
-      ncclDevCommCreate(comm.get(), &r, devComm.get()), "ncclDevCommCreate");
+  ncclResult_t result = ncclSuccess;
+  {
+    const Communicator::Use use = comm.use(); // abort waits for the call
+    result = nccl().devCommCreate(use.handle(), &r, devComm.get());
+  }
+  comm.check(result, "ncclDevCommCreate");
   return comm.adoptDevComm(std::static_pointer_cast<void>(devComm));
 }
 
 int ginType(Communicator& comm, bool railed) {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 0)
   requireBuildRelease("gin_type");
-  // Looked up at run time: the extension links only NCCL 2.28 symbols, so
-  // that one build also loads on NCCL 2.28.
-  using QueryFn = ncclResult_t (*)(ncclComm_t, ncclCommProperties_t*);
-  static const auto query =
-      reinterpret_cast<QueryFn>(dlsym(RTLD_DEFAULT, "ncclCommQueryProperties"));
+  const auto query = nccl().commQueryProperties;
   TORCH_CHECK(
       query != nullptr, "nccl_core: NCCL has no ncclCommQueryProperties");
   ncclCommProperties_t props = NCCL_COMM_PROPERTIES_INITIALIZER;

@@ -1,5 +1,7 @@
 #include "nccl/errors.h"
 
+#include "nccl/api.h"
+
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
 
@@ -49,8 +51,8 @@ std::string describe(
       " (",
       static_cast<int>(result),
       "): ",
-      ncclGetErrorString(result));
-  const char* last = ncclGetLastError(comm);
+      nccl().getErrorString(result));
+  const char* last = nccl().getLastError(comm);
   if (last != nullptr && last[0] != '\0') {
     msg += c10::str(". Last NCCL error: ", last);
     // NCCL's bootstrap opens short-lived TCP connections for every window

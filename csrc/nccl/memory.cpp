@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "nccl/allocations.h"
+#include "nccl/api.h"
 #include "nccl/dtypes.h"
 #include "nccl/errors.h"
 
@@ -20,7 +21,7 @@ namespace {
 void* allocate(size_t bytes, c10::DeviceIndex device) {
   c10::cuda::CUDAGuard guard(device);
   void* ptr = nullptr;
-  NCCL_CORE_CHECK(ncclMemAlloc(&ptr, bytes));
+  NCCL_CORE_CHECK(nccl().memAlloc(&ptr, bytes));
   recordAllocation(ptr, bytes, device);
   return ptr;
 }
@@ -48,7 +49,7 @@ void release(void* ptr, c10::DeviceIndex device, bool withoutGil) {
   // Registrations of this memory go first: NCCL must not keep a handle to
   // an address that a later allocation may reuse.
   forgetAllocation(ptr);
-  NCCL_CORE_WARN(ncclMemFree(ptr));
+  NCCL_CORE_WARN(nccl().memFree(ptr));
 }
 
 struct Allocation {

@@ -1,14 +1,21 @@
 #include "nccl/onesided.h"
 
+#include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
 #include <c10/util/env.h>
-#include <dlfcn.h>
 
 #include <atomic>
 #include <limits>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
 
+#include "nccl/api.h"
 #include "nccl/communicator.h"
 #include "nccl/errors.h"
 #include "nccl/version.h"
@@ -18,55 +25,11 @@ namespace nccl_core {
 
 namespace {
 
-// NCCL >= 2.29's host API, looked up at run time (the extension links only
-// NCCL 2.28 symbols).
-struct HostApi {
-  using PutSignalFn = ncclResult_t (*)(
-      const void*,
-      size_t,
-      ncclDataType_t,
-      int,
-      ncclWindow_t,
-      size_t,
-      int,
-      int,
-      unsigned int,
-      ncclComm_t,
-      cudaStream_t);
-  using SignalFn =
-      ncclResult_t (*)(int, int, int, unsigned int, ncclComm_t, cudaStream_t);
-  // ncclWaitSignalDesc_t: {opCnt, peer, sigIdx, ctx}.
-  struct Desc {
-    int opCnt;
-    int peer;
-    int sigIdx;
-    int ctx;
-  };
-  using WaitSignalFn = ncclResult_t (*)(int, Desc*, ncclComm_t, cudaStream_t);
-
-  PutSignalFn putSignal = nullptr;
-  SignalFn signal = nullptr;
-  WaitSignalFn waitSignal = nullptr;
-
-  bool available() const {
-    return putSignal != nullptr && signal != nullptr && waitSignal != nullptr;
-  }
-};
-
-const HostApi& hostApi() {
-  static const HostApi api = [] {
-    HostApi found;
-    if (hasFeature(Feature::HostOneSided)) {
-      found.putSignal = reinterpret_cast<HostApi::PutSignalFn>(
-          dlsym(RTLD_DEFAULT, "ncclPutSignal"));
-      found.signal = reinterpret_cast<HostApi::SignalFn>(
-          dlsym(RTLD_DEFAULT, "ncclSignal"));
-      found.waitSignal = reinterpret_cast<HostApi::WaitSignalFn>(
-          dlsym(RTLD_DEFAULT, "ncclWaitSignal"));
-    }
-    return found;
-  }();
-  return api;
+// NCCL >= 2.29's host one-sided API, where the runtime has it.
+bool hostApiAvailable() {
+  const NcclApi& api = nccl();
+  return api.putSignal != nullptr && api.signal != nullptr &&
+         api.waitSignal != nullptr;
 }
 
 // The LSA rank of `peer`, or NotImplementedError saying what would reach it.
@@ -121,6 +84,173 @@ SignalWindow& signalWindowOf(Communicator& comm) {
 
 } // namespace
 
+struct OneSidedLink::State {
+  std::shared_mutex mutex; // held shared by each op running through `group`
+  OneSidedGroup* group = nullptr;
+};
+
+namespace {
+
+// The link of each communicator that has one. By address: a link lives no
+// longer than its group, which holds the communicator.
+struct Links {
+  std::mutex mutex;
+  std::unordered_map<const Communicator*, std::shared_ptr<OneSidedLink::State>>
+      byCommunicator;
+};
+
+Links& links() {
+  static auto* made = new Links(); // never destroyed: ops may run at exit
+  return *made;
+}
+
+// "peer 1" or "peers 1, 2".
+std::string peersText(c10::ArrayRef<int> peers) {
+  std::string text = peers.size() == 1 ? "peer " : "peers ";
+  for (size_t i = 0; i < peers.size(); ++i) {
+    text += (i == 0 ? "" : ", ") + std::to_string(peers[i]);
+  }
+  return text;
+}
+
+// Runs `enqueue` (one-sided op `name` toward `peers` on `stream`) through
+// the group `comm` serves; without one (gone, or never linked), as it is,
+// naming the op in a DistBackendError.
+void runInGroup(
+    const Communicator& comm,
+    const char* name,
+    c10::ArrayRef<int> peers,
+    bool waits,
+    cudaStream_t stream,
+    c10::function_ref<void()> enqueue) {
+  // The group's event records and capture queries, on the communicator's
+  // device like the op itself.
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(comm.device()));
+  std::shared_ptr<OneSidedLink::State> state;
+  {
+    Links& all = links();
+    std::lock_guard<std::mutex> lock(all.mutex);
+    const auto found = all.byCommunicator.find(&comm);
+    if (found != all.byCommunicator.end()) {
+      state = found->second;
+    }
+  }
+  if (state) {
+    std::shared_lock<std::shared_mutex> lock(state->mutex);
+    if (state->group != nullptr) {
+      state->group->runOneSided(name, peers, waits, stream, enqueue);
+      return;
+    }
+  }
+  try {
+    enqueue();
+  } catch (const c10::DistBackendError& e) {
+    C10_THROW_ERROR(
+        DistBackendError,
+        c10::str("nccl_core ", name, " (", peersText(peers), "): ", e.msg()));
+  }
+}
+
+// Every rank's size of the windows registered through recordWindowSizes. By
+// address, with the window held weakly: an entry whose window is gone never
+// answers for a new one at the same address.
+struct WindowSizes {
+  std::weak_ptr<const Window> window;
+  std::vector<size_t> bytes; // by rank
+};
+
+struct WindowSizeTable {
+  std::mutex mutex;
+  std::unordered_map<const Window*, WindowSizes> byWindow;
+};
+
+WindowSizeTable& windowSizes() {
+  static auto* made = new WindowSizeTable(); // never destroyed, as links()
+  return *made;
+}
+
+// `bytes` of every rank of `comm`, by rank. Collective.
+std::vector<size_t> allGatherSizes(Communicator& comm, size_t bytes) {
+  const auto device = static_cast<c10::DeviceIndex>(comm.device());
+  c10::cuda::CUDAGuard guard(device);
+  // A stream of its own: the exchange waits for none of the caller's work.
+  const c10::cuda::CUDAStream stream =
+      c10::cuda::getStreamFromPool(false, device);
+  c10::cuda::CUDAStreamGuard streamGuard(stream);
+  const at::Tensor sizes = at::empty(
+      {comm.size()},
+      at::TensorOptions().dtype(at::kLong).device(at::kCUDA, device));
+  int64_t* all = sizes.data_ptr<int64_t>();
+  sizes.narrow(0, comm.rank(), 1).fill_(static_cast<int64_t>(bytes));
+  {
+    const Communicator::Use use = comm.use(); // fences abort() meanwhile
+    comm.check(
+        nccl().allGather(
+            all + comm.rank(),
+            all,
+            1,
+            ncclInt64,
+            use.handle(),
+            stream.stream()),
+        "ncclAllGather");
+  }
+  const at::Tensor host = sizes.cpu(); // waits for the exchange
+  comm.get(); // aborted meanwhile: the exchange may not have run
+  std::vector<size_t> result(comm.size());
+  for (int rank = 0; rank < comm.size(); ++rank) {
+    result[rank] = static_cast<size_t>(host.data_ptr<int64_t>()[rank]);
+  }
+  return result;
+}
+
+} // namespace
+
+OneSidedLink::OneSidedLink(const Communicator& comm, OneSidedGroup& group)
+    : comm_(&comm), state_(std::make_shared<State>()) {
+  state_->group = &group;
+  Links& all = links();
+  std::lock_guard<std::mutex> lock(all.mutex);
+  all.byCommunicator[comm_] = state_;
+}
+
+OneSidedLink::~OneSidedLink() {
+  {
+    Links& all = links();
+    std::lock_guard<std::mutex> lock(all.mutex);
+    const auto found = all.byCommunicator.find(comm_);
+    if (found != all.byCommunicator.end() && found->second == state_) {
+      all.byCommunicator.erase(found);
+    }
+  }
+  // Waits for the ops running through the group.
+  std::unique_lock<std::shared_mutex> lock(state_->mutex);
+  state_->group = nullptr;
+}
+
+void recordWindowSizes(
+    Communicator& comm,
+    const std::shared_ptr<const Window>& window) {
+  std::vector<size_t> bytes = allGatherSizes(comm, window->size());
+  WindowSizeTable& table = windowSizes();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  for (auto it = table.byWindow.begin(); it != table.byWindow.end();) {
+    it = it->second.window.expired() ? table.byWindow.erase(it) : std::next(it);
+  }
+  table.byWindow[window.get()] = WindowSizes{window, std::move(bytes)};
+}
+
+size_t peerWindowBytes(const Window& window, int peer) {
+  WindowSizeTable& table = windowSizes();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  const auto found = table.byWindow.find(&window);
+  // Not expired: it is `window` itself, alive while the caller holds it.
+  if (found != table.byWindow.end() && !found->second.window.expired() &&
+      peer >= 0 && static_cast<size_t>(peer) < found->second.bytes.size()) {
+    return found->second.bytes[peer];
+  }
+  return window.size();
+}
+
 void checkPeer(const Communicator& comm, int64_t peer, const char* op) {
   TORCH_CHECK_VALUE(
       peer >= 0 && peer < comm.size() && peer != comm.rank(),
@@ -149,7 +279,8 @@ size_t checkedOffsetBytes(
     size_t bytes,
     size_t elementSize,
     size_t windowBytes,
-    const char* op) {
+    const char* op,
+    int peer) {
   TORCH_CHECK_VALUE(
       offset >= 0 && bytes <= windowBytes &&
           static_cast<uint64_t>(offset) <= (windowBytes - bytes) / elementSize,
@@ -161,7 +292,9 @@ size_t checkedOffsetBytes(
       offset,
       " do not fit in the window (",
       windowBytes,
-      " bytes); expected 0 <= offset and offset * element size + bytes <= "
+      " bytes",
+      peer >= 0 ? c10::str(" at rank ", peer) : std::string(),
+      "); expected 0 <= offset and offset * element size + bytes <= "
       "window size");
   return static_cast<size_t>(offset) * elementSize;
 }
@@ -179,7 +312,7 @@ OneSidedEngine oneSidedEngine() {
     if (choice == "load_store") {
       return OneSidedEngine::LoadStore;
     }
-    const bool host = hostApi().available();
+    const bool host = hostApiAvailable();
     TORCH_CHECK_NOT_IMPLEMENTED(
         host || choice == "auto",
         "TORCH_NCCL_CORE_ONE_SIDED_ENGINE=nccl needs NCCL >= 2.29 at run time "
@@ -262,7 +395,13 @@ void SignalWindow::abortWaits() noexcept {
       ->store(1, std::memory_order_release);
 }
 
-void putSignal(
+namespace {
+
+// The ops themselves, outside any group (put_signal's fallback signals with
+// signalNow).
+void signalNow(Communicator& comm, int peer, cudaStream_t stream);
+
+void putSignalNow(
     Communicator& comm,
     const void* src,
     size_t count,
@@ -284,7 +423,7 @@ void putSignal(
     if (comm.inSymmetricWindow(src, bytes)) {
       comm.noteCapture(stream); // NCCL's plan would hold the communicator
       comm.check(
-          hostApi().putSignal(
+          nccl().putSignal(
               src,
               count,
               dtype,
@@ -294,7 +433,7 @@ void putSignal(
               0,
               0,
               0,
-              comm.get(),
+              comm.use().handle(),
               stream),
           "ncclPutSignal");
       return;
@@ -310,7 +449,7 @@ void putSignal(
         "put_signal to it needs `src` inside a COLL_SYMMETRIC window of this "
         "communicator (NCCL's ncclPutSignal reads only such memory)",
         stream);
-    signal(comm, peer, stream);
+    signalNow(comm, peer, stream);
     return;
   }
   copyToPeer(
@@ -320,12 +459,13 @@ void putSignal(
       stream);
 }
 
-void signal(Communicator& comm, int peer, cudaStream_t stream) {
+void signalNow(Communicator& comm, int peer, cudaStream_t stream) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(comm.device()));
   if (oneSidedEngine() == OneSidedEngine::Host) {
     comm.noteCapture(stream);
     comm.check(
-        hostApi().signal(peer, 0, 0, 0, comm.get(), stream), "ncclSignal");
+        nccl().signal(peer, 0, 0, 0, comm.use().handle(), stream),
+        "ncclSignal");
     return;
   }
   comm.get();
@@ -335,21 +475,24 @@ void signal(Communicator& comm, int peer, cudaStream_t stream) {
       stream);
 }
 
-void waitSignal(
+void waitSignalNow(
     Communicator& comm,
     const std::vector<WaitSignalDesc>& descs,
     cudaStream_t stream) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(comm.device()));
   if (oneSidedEngine() == OneSidedEngine::Host) {
-    std::vector<HostApi::Desc> nccl;
-    nccl.reserve(descs.size());
+    std::vector<NcclWaitSignalDesc> ncclDescs;
+    ncclDescs.reserve(descs.size());
     for (const auto& d : descs) {
-      nccl.push_back({d.opCount, d.peer, d.signalIndex, d.context});
+      ncclDescs.push_back({d.opCount, d.peer, d.signalIndex, d.context});
     }
     comm.noteCapture(stream);
     comm.check(
-        hostApi().waitSignal(
-            static_cast<int>(nccl.size()), nccl.data(), comm.get(), stream),
+        nccl().waitSignal(
+            static_cast<int>(ncclDescs.size()),
+            ncclDescs.data(),
+            comm.use().handle(), // the Use lasts the call: abort waits
+            stream),
         "ncclWaitSignal");
     return;
   }
@@ -364,6 +507,45 @@ void waitSignal(
       signals.abortFlag(),
       descs,
       stream);
+}
+
+} // namespace
+
+void putSignal(
+    Communicator& comm,
+    const void* src,
+    size_t count,
+    ncclDataType_t dtype,
+    size_t bytes,
+    int peer,
+    const Window& window,
+    size_t offsetBytes,
+    cudaStream_t stream) {
+  const int peers[] = {peer};
+  runInGroup(comm, "put_signal", peers, /*waits=*/false, stream, [&] {
+    putSignalNow(
+        comm, src, count, dtype, bytes, peer, window, offsetBytes, stream);
+  });
+}
+
+void signal(Communicator& comm, int peer, cudaStream_t stream) {
+  const int peers[] = {peer};
+  runInGroup(comm, "signal", peers, /*waits=*/false, stream, [&] {
+    signalNow(comm, peer, stream);
+  });
+}
+
+void waitSignal(
+    Communicator& comm,
+    const std::vector<WaitSignalDesc>& descs,
+    cudaStream_t stream) {
+  c10::SmallVector<int, 4> peers;
+  for (const auto& d : descs) {
+    peers.push_back(d.peer);
+  }
+  runInGroup(comm, "wait_signal", peers, /*waits=*/true, stream, [&] {
+    waitSignalNow(comm, descs, stream);
+  });
 }
 
 } // namespace nccl_core

@@ -12,6 +12,8 @@
 #include <nccl.h>
 
 #include <c10/core/Allocator.h>
+#include <c10/util/ArrayRef.h>
+#include <c10/util/FunctionRef.h>
 
 #include <cstdint>
 #include <memory>
@@ -84,18 +86,66 @@ class SignalWindow {
   int size_ = 0;
 };
 
+// The group a communicator serves (the nccl_core backend): it numbers the
+// one-sided ops on the communicator like its other ops, refuses them once it
+// failed, and has its watchdog time them like synchronous ops, so that a wait
+// whose signals never come ends in DistBackendError at the group's timeout.
+class OneSidedGroup {
+ public:
+  // Runs `enqueue`, which enqueues one-sided op `name` toward `peers` on
+  // `stream`; `waits`: the op waits for its peers' signals.
+  virtual void runOneSided(
+      const char* name,
+      c10::ArrayRef<int> peers,
+      bool waits,
+      cudaStream_t stream,
+      c10::function_ref<void()> enqueue) = 0;
+
+ protected:
+  ~OneSidedGroup() = default;
+};
+
+// While alive, `group` runs the one-sided ops on `comm`. The communicator may
+// outlive its group (Python holds it): the destructor waits for the ops
+// running through the group, and later ops run without one.
+class OneSidedLink {
+ public:
+  OneSidedLink(const Communicator& comm, OneSidedGroup& group);
+  OneSidedLink(const OneSidedLink&) = delete;
+  OneSidedLink& operator=(const OneSidedLink&) = delete;
+  ~OneSidedLink();
+
+  struct State;
+
+ private:
+  const Communicator* const comm_;
+  const std::shared_ptr<State> state_;
+};
+
 // Argument checks shared by the Python methods and the torch ops; each raises
 // ValueError naming `op`.
 void checkPeer(const Communicator& comm, int64_t peer, const char* op);
 int checkedOpCount(int64_t count, const char* op);
-// `offset` elements of `elementSize` bytes into a window of `windowBytes`,
-// with room for `bytes` after it; computed without overflow.
+// `offset` elements of `elementSize` bytes into a window of `windowBytes`
+// (`peer`'s part of it, when given), with room for `bytes` after it; computed
+// without overflow.
 size_t checkedOffsetBytes(
     int64_t offset,
     size_t bytes,
     size_t elementSize,
     size_t windowBytes,
-    const char* op);
+    const char* op,
+    int peer = -1);
+
+// Window registration is collective, but ranks may register different sizes
+// (NCCL does not refuse it, and from 2.30 maps each rank's own size), so a
+// put must fit the target's part. Learns every rank's size of `window` (an
+// all-gather over `comm`, collective like the registration it follows).
+void recordWindowSizes(
+    Communicator& comm,
+    const std::shared_ptr<const Window>& window);
+// `peer`'s size of `window`, as recorded; this rank's where none was.
+size_t peerWindowBytes(const Window& window, int peer);
 
 void putSignal(
     Communicator& comm,

@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "nccl/api.h"
 #include "nccl/communicator.h"
 #include "nccl/errors.h"
 
@@ -36,7 +37,7 @@ uintptr_t RegisteredBuffer::handle() const {
 }
 
 void RegisteredBuffer::release(ncclComm_t comm) noexcept {
-  NCCL_CORE_WARN(ncclCommDeregister(comm, handle_));
+  NCCL_CORE_WARN(nccl().commDeregister(comm, handle_));
 }
 
 ncclWindow_t Window::get() const {
@@ -50,7 +51,7 @@ void* Window::userPtr() const {
 }
 
 void Window::release(ncclComm_t comm) noexcept {
-  NCCL_CORE_WARN(ncclCommWindowDeregister(comm, window_));
+  NCCL_CORE_WARN(nccl().commWindowDeregister(comm, window_));
 }
 
 ncclRedOp_t CustomRedOp::get() const {
@@ -63,7 +64,7 @@ bool CustomRedOp::ownedBy(const Communicator& comm) const {
 }
 
 void CustomRedOp::release(ncclComm_t comm) noexcept {
-  NCCL_CORE_WARN(ncclRedOpDestroy(op_, comm));
+  NCCL_CORE_WARN(nccl().redOpDestroy(op_, comm));
 }
 
 } // namespace nccl_core

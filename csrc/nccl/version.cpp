@@ -4,6 +4,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "nccl/api.h"
 #include "nccl/errors.h"
 
 namespace nccl_core {
@@ -46,7 +47,7 @@ constexpr Feature kAllFeatures[] = {
 const NcclVersion& runtimeVersion() {
   static const NcclVersion version = [] {
     int code = 0;
-    NCCL_CORE_CHECK(ncclGetVersion(&code));
+    NCCL_CORE_CHECK(nccl().getVersion(&code));
     // Since 2.9 the code is major * 10000 + minor * 100 + patch.
     return NcclVersion{code / 10000, (code % 10000) / 100, code % 100, code};
   }();

@@ -1,26 +1,14 @@
 #include "nccl/window_pointers.h"
 
 #include <c10/util/Exception.h>
-#include <dlfcn.h>
 
+#include "nccl/api.h"
 #include "nccl/errors.h"
 #include "nccl/version.h"
 
 namespace nccl_core {
 
 namespace {
-
-// NCCL >= 2.29 host queries, looked up at run time so that one build loads on
-// NCCL 2.28 too.
-using LsaPointerFn = ncclResult_t (*)(ncclWindow_t, size_t, int, void**);
-using MultimemPointerFn = ncclResult_t (*)(ncclWindow_t, size_t, void**);
-
-template <typename Fn>
-Fn hostQuery(const char* name) {
-  return hasFeature(Feature::WindowHostPointers)
-             ? reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name))
-             : nullptr;
-}
 
 [[noreturn]] void refuseOldRuntime(const char* what) {
   const NcclVersion& v = runtimeVersion();
@@ -40,11 +28,6 @@ Fn hostQuery(const char* name) {
       ".",
       NCCL_MINOR,
       ")");
-}
-
-LsaPointerFn lsaPointerQuery() {
-  static const auto query = hostQuery<LsaPointerFn>("ncclGetLsaDevicePointer");
-  return query;
 }
 
 } // namespace
@@ -93,12 +76,13 @@ uintptr_t lsaPointer(
 }
 
 bool windowAddressesReadable() {
-  return lsaPointerQuery() != nullptr || detail::canReadLsaBasesOnDevice();
+  return nccl().getLsaDevicePointer != nullptr ||
+         detail::canReadLsaBasesOnDevice();
 }
 
 std::vector<uintptr_t>
 lsaBases(Communicator& comm, ncclWindow_t window, int lsaSize) {
-  if (const auto query = lsaPointerQuery()) {
+  if (const auto query = nccl().getLsaDevicePointer) {
     std::vector<uintptr_t> bases(lsaSize);
     for (int r = 0; r < lsaSize; ++r) {
       void* ptr = nullptr;
@@ -129,8 +113,7 @@ peerPointer(Communicator& comm, const Window& window, int peer, size_t offset) {
 }
 
 std::optional<uintptr_t> multimemPointer(const Window& window, size_t offset) {
-  static const auto query =
-      hostQuery<MultimemPointerFn>("ncclGetLsaMultimemDevicePointer");
+  const auto query = nccl().getLsaMultimemDevicePointer;
   if (!query) {
     refuseOldRuntime("multimem_pointer");
   }

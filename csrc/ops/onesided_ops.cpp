@@ -29,7 +29,14 @@ communicatorOf(const std::string& groupName, const char* op) {
       ": group '",
       groupName,
       "' does not run nccl_core on CUDA");
-  return core->sharedCommunicator(std::nullopt);
+  try {
+    return core->sharedCommunicator(std::nullopt);
+  } catch (const c10::DistBackendError& e) {
+    // The group failed: say which op met it.
+    C10_THROW_ERROR(
+        DistBackendError,
+        c10::str("nccl_core ", op, " on group '", groupName, "': ", e.msg()));
+  }
 }
 
 std::shared_ptr<Window>
@@ -64,7 +71,12 @@ void putSignalOp(
   const auto win = windowOf(comm, window, kOp);
   const NcclBuffer buf = bufferOf(src, kOp);
   const size_t offsetBytes = checkedOffsetBytes(
-      offset, src.nbytes(), src.element_size(), win->size(), kOp);
+      offset,
+      src.nbytes(),
+      src.element_size(),
+      peerWindowBytes(*win, static_cast<int>(peer)),
+      kOp,
+      static_cast<int>(peer));
   putSignal(
       comm,
       buf.ptr,

@@ -81,7 +81,10 @@ void bindOptions(py::module_& m) {
       m, "Options", R"(Options of an nccl_core process group.
 
 Pass as ``pg_options`` to ``init_process_group`` / ``new_group``. Fields left
-``None`` keep NCCL's defaults (and its ``NCCL_*`` environment variables).
+``None`` keep NCCL's defaults (and its ``NCCL_*`` environment variables;
+``blocking`` also follows torch's ``TORCH_NCCL_USE_COMM_NONBLOCKING``).
+``blocking=False``: initialization, splits and registrations are polled,
+bounded by the timeout and abortable.
 ``copy_engine_reduce_scatter``: ``reduce_scatter_tensor`` through the copy
 engine where every peer is load/store reachable; ``None`` from 32 MiB of
 output (where it was measured faster), ``True`` at every size, ``False``

@@ -8,6 +8,7 @@
 #include "backend/dispatch.h"
 #include "nccl/allocations.h"
 #include "nccl/dtypes.h"
+#include "nccl/onesided.h"
 #include "nccl/version.h"
 #include "nccl/window_pointers.h"
 #include "python/communicator_bindings.h"
@@ -67,7 +68,12 @@ registerWindow(Communicator& comm, const at::Tensor& tensor, int flags) {
       NCCL_WIN_REQUIRED_ALIGNMENT,
       " bytes (allocate it on its own, not as a view into another tensor)");
   py::gil_scoped_release noGil;
-  return comm.registerWindow(tensor.data_ptr(), tensor.nbytes(), flags);
+  auto window = comm.registerWindow(tensor.data_ptr(), tensor.nbytes(), flags);
+  if (window) {
+    // Ranks may register different sizes: put_signal checks the target's.
+    recordWindowSizes(comm, window);
+  }
+  return window;
 }
 
 // The host scalar in the dtype NCCL will read it as.

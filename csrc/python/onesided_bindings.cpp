@@ -103,9 +103,13 @@ void putSignalChecked(
   checkTensor(src, static_cast<c10::DeviceIndex>(comm.device()), kOp, "src");
   const NcclBuffer buf = bufferOf(src, kOp);
   const size_t bytes = src.nbytes();
-  const size_t offsetBytes =
-      checkedOffsetBytes(offset, bytes, src.element_size(), window.size(), kOp);
-  window.get();
+  const size_t offsetBytes = checkedOffsetBytes(
+      offset,
+      bytes,
+      src.element_size(),
+      peerWindowBytes(window, peer),
+      kOp,
+      peer);
   const cudaStream_t cudaStream = streamOf(stream, comm.device());
   py::gil_scoped_release noGil;
   putSignal(

@@ -2,13 +2,20 @@
 // tests with fakes in place of the GPU, so that CI (which has none) runs it.
 #include "python/testing_bindings.h"
 
+#include <pybind11/chrono.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <chrono>
 #include <memory>
 #include <optional>
 
+#include "backend/event_pool.h"
+#include "backend/failure.h"
 #include "backend/sync_ops.h"
+#include "backend/watchdog.h"
+#include "nccl/communicator.h"
+#include "python/fake_nccl.h"
 
 namespace py = pybind11;
 
@@ -79,6 +86,109 @@ class FakeTimeline {
   BasicSyncOpTimeline<FakeSpanEvents> timeline_;
 };
 
+// A watchdog over a communicator of the fake NCCL, with its failure record.
+class WatchdogUnderTest {
+ public:
+  WatchdogUnderTest(
+      std::shared_ptr<Communicator> comm,
+      c10::intrusive_ptr<c10d::Store> store,
+      std::string group,
+      std::string abortKey,
+      std::chrono::milliseconds timeout)
+      : failure_(std::make_shared<FailureState>()),
+        watchdog_(
+            std::move(comm),
+            failure_,
+            std::move(store),
+            std::move(group),
+            std::move(abortKey),
+            timeout,
+            std::make_shared<EventPool>(0)) {}
+
+  std::optional<std::string> failure() const {
+    return failure_->failed() ? std::optional(failure_->message())
+                              : std::nullopt;
+  }
+  void stop() {
+    watchdog_.stop();
+  }
+
+ private:
+  std::shared_ptr<FailureState> failure_;
+  Watchdog watchdog_;
+};
+
+void bindFakeNccl(py::module_& testing) {
+  using Fake = FakeNccl;
+  py::class_<Fake>(
+      testing,
+      "FakeNccl",
+      "Installs a scripted NCCL for as long as it lives (see fake_nccl.h); "
+      "communicators of the fake come from create_communicator.")
+      .def(py::init<>())
+      .def("hold", &Fake::hold, py::arg("call"))
+      .def("release", &Fake::release, py::arg("call"))
+      .def("fail_next", &Fake::failNext, py::arg("call"), py::arg("result"))
+      .def("set_async_error", &Fake::setAsyncError, py::arg("result"))
+      .def("calls", &Fake::calls, py::arg("call"))
+      .def("inside", &Fake::inside, py::arg("call"))
+      .def_property_readonly("live", &Fake::live)
+      .def_property_readonly("aborted_under_call", &Fake::abortedUnderCall)
+      .def_property_readonly("used_after_free", &Fake::usedAfterFree);
+  const auto release = py::call_guard<py::gil_scoped_release>();
+  testing.def(
+      "create_communicator",
+      [](int nranks,
+         int rank,
+         std::chrono::milliseconds timeout,
+         bool blocking,
+         const std::string& label) {
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        config.blocking = blocking ? 1 : 0;
+        return Communicator::create(
+            nranks, rank, ncclUniqueId{}, 0, config, timeout, label);
+      },
+      py::arg("nranks"),
+      py::arg("rank"),
+      py::arg("timeout"),
+      py::arg("blocking"),
+      py::arg("label"),
+      release);
+  testing.def(
+      "split",
+      [](Communicator& comm, int color, int key) {
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        return comm.split(color, key, config, "group 'child'");
+      },
+      py::arg("comm"),
+      py::arg("color"),
+      py::arg("key"),
+      release);
+  testing.def(
+      "abort",
+      [](Communicator& comm) { comm.abort(); },
+      py::arg("comm"),
+      release);
+  py::class_<WatchdogUnderTest>(
+      testing,
+      "Watchdog",
+      "The backend's watchdog over a communicator of the fake NCCL.")
+      .def(
+          py::init<
+              std::shared_ptr<Communicator>,
+              c10::intrusive_ptr<c10d::Store>,
+              std::string,
+              std::string,
+              std::chrono::milliseconds>(),
+          py::arg("comm"),
+          py::arg("store"),
+          py::arg("group"),
+          py::arg("abort_key"),
+          py::arg("timeout"))
+      .def_property_readonly("failure", &WatchdogUnderTest::failure)
+      .def("stop", &WatchdogUnderTest::stop, release);
+}
+
 } // namespace
 
 void bindTesting(py::module_& m) {
@@ -94,6 +204,7 @@ void bindTesting(py::module_& m) {
       .def("complete_through", &FakeTimeline::completeThrough, py::arg("seq"))
       .def("oldest", &FakeTimeline::oldest, py::arg("now_ms"))
       .def("span_count", &FakeTimeline::spanCount);
+  bindFakeNccl(testing);
 }
 
 } // namespace nccl_core

@@ -7,11 +7,14 @@ Started by test_failure_semantics.py, one process per rank, with RANK / WORLD_SI
 program does neither.
 """
 
+import functools
 import gc
 import json
 import os
 import sys
+import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch
@@ -256,6 +259,444 @@ def no_set_device(job_store) -> dict:
     return {"correct": bool((t == 2 * summed(1.0)).all()), "current_device": current}
 
 
+# --- Teardown and frees on other threads (the issue's requirement 6) ----------------------------
+#
+# "A backend dropped from any thread, GIL held or not, never deadlocks"; "freeing NCCL memory
+# never holds the GIL across a device synchronize". Each scenario keeps the GPU busy for BUSY_S
+# first (a calibrated torch.cuda._sleep on the current stream, which the queued collectives wait
+# for), so that the teardown or free really happens while work is pending.
+
+BUSY_S = 1.5  # how long the GPU stays busy ahead of the queued work
+THREAD_LIMIT_S = 30.0  # how long the main thread waits for a worker before it reports a hang
+_SLEEP_CYCLES_PER_S: float | None = None
+
+
+def gpu_busy(seconds: float) -> None:
+    """Keeps the current stream busy for about `seconds` (torch.cuda._sleep, calibrated once)."""
+    global _SLEEP_CYCLES_PER_S
+    if _SLEEP_CYCLES_PER_S is None:
+        cycles = 20_000_000
+        torch.cuda._sleep(cycles)  # warm-up: the first launch loads the kernel
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        _SLEEP_CYCLES_PER_S = cycles / max(start.elapsed_time(end) / 1e3, 1e-6)
+    torch.cuda._sleep(int(_SLEEP_CYCLES_PER_S * seconds))
+
+
+class Worker(threading.Thread):
+    """Runs `fn` on a Python thread; keeps what it returned or raised, and how long it took."""
+
+    def __init__(self, fn: Callable[[], object], name: str) -> None:
+        super().__init__(name=name, daemon=True)  # a hung worker must not hold up the report
+        self.fn = fn
+        self.result: object = None
+        self.error: str | None = None
+        self.seconds: float | None = None
+
+    def run(self) -> None:
+        start = time.monotonic()
+        try:
+            self.result = self.fn()
+        except BaseException as e:  # reported to the parent
+            self.error = f"{type(e).__name__}: {e}"
+        finally:
+            self.seconds = time.monotonic() - start
+
+    def report(self) -> dict:
+        return {"thread_done": not self.is_alive(), "thread_s": self.seconds, "error": self.error}
+
+
+def spin_while(alive: Callable[[], bool], limit_s: float = THREAD_LIMIT_S) -> dict:
+    """A busy pure-Python loop while `alive()`: it holds the GIL but for the interpreter's
+    switches, and its longest stall between two iterations is how long another thread kept the
+    GIL from it."""
+    start = last = time.monotonic()
+    longest, iterations = 0.0, 0
+    while alive() and last - start < limit_s:
+        now = time.monotonic()
+        longest = max(longest, now - last)
+        last = now
+        iterations += 1
+    return {"spin_s": last - start, "longest_stall_s": longest, "iterations": iterations}
+
+
+def meet(job_store, name: str, timeout_s: float = 60.0) -> bool:
+    """A store barrier that gives up after `timeout_s` (or at once when the peer's store is
+    gone), so that no rank waits forever for a peer that hung or crashed."""
+    job_store.set(f"{name}_{RANK}", "1")
+    try:
+        job_store.wait([f"{name}_{r}" for r in range(WORLD)], timedelta(seconds=timeout_s))
+    except Exception:  # a timeout, or rank 0's store server gone
+        return False
+    return True
+
+
+def queued_all_reduces(all_reduce: Callable[[torch.Tensor], object]) -> tuple[list, list]:
+    """Four 16 MiB all_reduces queued behind BUSY_S of GPU work: (tensors, what they returned)."""
+    tensors = [torch.full((NUMEL,), float(i) + RANK, device=DEVICE) for i in range(4)]
+    gpu_busy(BUSY_S)
+    return tensors, [all_reduce(t) for t in tensors]
+
+
+def all_summed(tensors: list) -> bool:
+    """Whether tensor i holds summed(i); call after the device is synchronized."""
+    return all(bool((t == summed(i)).all()) for i, t in enumerate(tensors))
+
+
+def destroy_world_on_thread(job_store) -> dict:
+    """destroy_process_group() on a Python thread, async all_reduces still queued: the default
+    group's last reference goes there, while the main thread spins in Python."""
+    init(job_store)
+    probe()
+    tensors, works = queued_all_reduces(lambda t: dist.all_reduce(t, async_op=True))
+
+    def destroy() -> None:
+        dist.destroy_process_group()
+        gc.collect()  # the group's last reference may sit in a cycle: its backend goes here
+
+    worker = Worker(destroy, "destroyer")
+    worker.start()
+    spin = spin_while(worker.is_alive)
+    worker.join(THREAD_LIMIT_S)
+    del works
+    torch.cuda.synchronize(DEVICE)
+    return {**worker.report(), **spin, "correct": all_summed(tensors)}
+
+
+def drop_subgroup_on_thread(job_store) -> dict:
+    """A new_group with async all_reduces queued: a Python thread destroys it and drops the last
+    references to the group and its backend, while the main thread spins in Python."""
+    init(job_store)
+    group = dist.new_group(backend="nccl_core")
+    probe_sub = torch.full((1024,), 1.0 + RANK, device=DEVICE)
+    dist.all_reduce(probe_sub, group=group)
+    tensors, works = queued_all_reduces(
+        functools.partial(dist.all_reduce, group=group, async_op=True)
+    )
+    holder = {"group": group, "backend": group._get_backend(DEVICE)}
+    del group
+
+    def drop() -> None:
+        dist.destroy_process_group(holder["group"])
+        holder.clear()  # the last references: the group and its backend
+        gc.collect()
+
+    worker = Worker(drop, "dropper")
+    worker.start()
+    spin = spin_while(worker.is_alive)
+    worker.join(THREAD_LIMIT_S)
+    del works
+    torch.cuda.synchronize(DEVICE)
+    report = {**worker.report(), **spin}
+    report["correct"] = all_summed(tensors) and bool((probe_sub == summed(1.0)).all())
+    report["default_after"] = probe()
+    dist.destroy_process_group()
+    return report
+
+
+def drop_backend_on_thread(job_store) -> dict:
+    """A backend that no process group holds, made directly, dropped on a Python thread with
+    async all_reduces queued: its destructor runs there, GIL held, and must let them finish."""
+    torch.cuda.set_device(DEVICE)
+    backend = torch_nccl_core._C.NcclCoreBackend(
+        dist.PrefixStore("standalone/", job_store),
+        RANK,
+        WORLD,
+        "standalone",
+        torch_nccl_core.Options(),
+        timedelta(seconds=30),
+    )
+    backend.communicator(DEVICE)  # collective: both ranks create it here
+    first = torch.full((1024,), 1.0 + RANK, device=DEVICE)
+    backend.allreduce([first]).wait()
+    tensors, works = queued_all_reduces(lambda t, b=backend: b.allreduce([t]))
+    holder = [backend]
+    del backend
+
+    def drop() -> None:
+        holder.clear()  # the last reference: ~NcclCoreBackend runs on this thread
+        gc.collect()
+
+    worker = Worker(drop, "dropper")
+    worker.start()
+    spin = spin_while(worker.is_alive)
+    worker.join(THREAD_LIMIT_S)
+    del works
+    torch.cuda.synchronize(DEVICE)
+    correct = all_summed(tensors) and bool((first == summed(1.0)).all())
+    return {**worker.report(), **spin, "correct": correct}
+
+
+def _nccl_memory_in_use() -> tuple[torch.Tensor, torch.Tensor]:
+    """NCCL memory that a synchronous all_reduce (queued behind BUSY_S of GPU work) registered
+    and reduced, and a copy of the result queued after it: (memory, copy)."""
+    memory = torch_nccl_core.empty(NUMEL)
+    memory.fill_(1.0 + RANK)
+    gpu_busy(BUSY_S)
+    dist.all_reduce(memory)
+    for _ in range(3):  # more pending collectives on the group
+        dist.all_reduce(torch.ones(NUMEL, device=DEVICE))
+    return memory, memory.clone()
+
+
+def free_nccl_memory_on_thread(job_store) -> dict:
+    """The last reference to NCCL memory dropped on a Python thread while the GPU is busy and the
+    main thread spins in Python: the free waits for the device without the GIL, so the main
+    thread never stalls for that wait."""
+    init(job_store)
+    probe()
+    comm = torch_nccl_core.communicator()
+    memory, copy = _nccl_memory_in_use()
+    holder = [memory]
+    del memory
+    counts = {}
+
+    def free() -> float:
+        counts["before"] = comm._resource_count()
+        start = time.monotonic()
+        holder.clear()  # the last reference: NCCL memory freed on this thread
+        gc.collect()
+        seconds = time.monotonic() - start
+        counts["after"] = comm._resource_count()
+        return seconds
+
+    worker = Worker(free, "freer")
+    worker.start()
+    spin = spin_while(worker.is_alive)
+    worker.join(THREAD_LIMIT_S)
+    torch.cuda.synchronize(DEVICE)
+    report = {**worker.report(), **spin, "free_s": worker.result}
+    report["freed_on_thread"] = counts.get("after", 1) < counts.get("before", 0)
+    report["correct"] = bool((copy == summed(1.0)).all()) and probe()
+    dist.destroy_process_group()
+    return report
+
+
+def free_nccl_memory_beside_thread(job_store) -> dict:
+    """The reverse: the last reference to NCCL memory dropped on the main thread, GPU busy, while
+    another Python thread spins: that thread never stalls for the free's device wait."""
+    init(job_store)
+    probe()
+    comm = torch_nccl_core.communicator()
+    memory, copy = _nccl_memory_in_use()
+    stop = threading.Event()
+    spinner = Worker(lambda: spin_while(lambda: not stop.is_set()), "spinner")
+    spinner.start()
+    time.sleep(0.05)  # the spinner is running
+    before = comm._resource_count()
+    start = time.monotonic()
+    del memory  # the last reference: NCCL memory freed on the main thread
+    gc.collect()
+    free_s = time.monotonic() - start
+    after = comm._resource_count()
+    time.sleep(0.05)
+    stop.set()
+    spinner.join(THREAD_LIMIT_S)
+    torch.cuda.synchronize(DEVICE)
+    report = {**spinner.report(), **(spinner.result or {}), "free_s": free_s}
+    report["freed_on_main"] = after < before
+    report["correct"] = bool((copy == summed(1.0)).all()) and probe()
+    dist.destroy_process_group()
+    return report
+
+
+TRAFFIC_ROUNDS = 300  # default-group all_reduces the main thread runs while the subgroup goes
+
+
+def destroy_subgroup_on_thread_under_traffic(job_store) -> dict:
+    """A Python thread destroys a subgroup (async all_reduces queued on it) with
+    destroy_process_group(subgroup) while the main thread runs collectives on the default group,
+    waiting for each tenth so that the traffic spans the teardown."""
+    init(job_store)
+    probe()
+    group = dist.new_group(backend="nccl_core")
+    tensors, works = queued_all_reduces(
+        functools.partial(dist.all_reduce, group=group, async_op=True)
+    )
+    holder = [group]
+    del group
+
+    def destroy() -> None:
+        dist.destroy_process_group(holder.pop())
+        gc.collect()
+
+    worker = Worker(destroy, "destroyer")
+    worker.start()
+    start = time.monotonic()
+    outputs = []
+    for i in range(TRAFFIC_ROUNDS):  # the same count on both ranks
+        t = torch.full((1 << 16,), float(i) + RANK, device=DEVICE)
+        dist.all_reduce(t)
+        outputs.append(t)
+        if i % 10 == 9:
+            torch.cuda.current_stream().synchronize()
+    traffic_s = time.monotonic() - start
+    alive_after_traffic = worker.is_alive()
+    worker.join(THREAD_LIMIT_S)
+    del works
+    torch.cuda.synchronize(DEVICE)
+    report = {**worker.report(), "traffic_s": traffic_s}
+    report["thread_alive_after_traffic"] = alive_after_traffic
+    report["correct_subgroup"] = all_summed(tensors)
+    report["correct_default"] = all_summed(outputs)
+    report["default_after"] = probe()
+    dist.destroy_process_group()
+    return report
+
+
+# --- Abort under a collective host call (the issue's requirement 8) -----------------------------
+#
+# "Abort (timeout or user) while another thread is inside NCCL (window registration, split,
+# device communicator creation, first use of staging memory) must not free the communicator under
+# that thread: that call raises DistBackendError, nothing crashes." Rank 0's main thread enters a
+# collective host call that rank 1 never joins; either a Python thread aborts the group's backend
+# ABORT_AFTER_S later ("abort", the group's timeout far later), or nothing does and the group's
+# timeout of SHORT_TIMEOUT_S must end the call ("timeout"). Rank 1 stays idle, with its
+# communicator alive, until rank 0 has finished (or PEER_WAIT_S passed), then destroys.
+
+ABORT_AFTER_S = 1.0
+SHORT_TIMEOUT_S = 3.0  # "timeout" variants
+LONG_TIMEOUT_S = 30.0  # "abort" variants: the timeout would end the call only much later
+PEER_WAIT_S = 60.0  # how long rank 1 waits for rank 0; less than the test's child timeout
+
+HostCall = tuple[Callable[[], object], object]  # (the lonely call, the backend to abort)
+
+
+def world_backend():
+    return dist.group.WORLD._get_backend(DEVICE)
+
+
+def _window_registration(job_store, timeout_s: float) -> HostCall | str:
+    init(job_store, timeout_s)
+    if not torch_nccl_core.features()["window_registration"]:
+        return "this NCCL has no window registration"
+    comm = torch_nccl_core.communicator()
+    memory = torch_nccl_core.empty(1 << 20)  # windows need NCCL memory
+    return (lambda: comm.register_window(memory)), world_backend()
+
+
+def _split(job_store, timeout_s: float) -> HostCall | str:
+    init(job_store, timeout_s)  # the parent's timeout bounds ncclCommSplit
+    if not hasattr(dist, "split_group"):
+        return "this torch has no split_group"
+    return (
+        lambda: dist.split_group(split_ranks=[[0, 1]], timeout=timedelta(seconds=timeout_s))
+    ), world_backend()
+
+
+def _first_use(job_store, timeout_s: float) -> HostCall | str:
+    """new_group's communicator, created on first use (ncclCommInitRankConfig): the default
+    group is left unbound, so that new_group does not create it at once on both ranks."""
+    init(job_store, bind=False)
+    torch.cuda.set_device(DEVICE)
+    group = dist.new_group(backend="nccl_core", timeout=timedelta(seconds=timeout_s))
+    backend = group._get_backend(DEVICE)
+    return (lambda: backend.communicator(DEVICE)), backend
+
+
+def _staging(job_store, timeout_s: float) -> HostCall | str:
+    """The copy-engine reduce-scatter's first op makes its signal window and staging memory
+    (collective window registrations) on the caller's thread."""
+    init(job_store)
+    group = dist.new_group(
+        backend="nccl_core",
+        timeout=timedelta(seconds=timeout_s),
+        pg_options=torch_nccl_core.Options(copy_engine_reduce_scatter=True),
+    )
+    comm = torch_nccl_core.communicator(group)
+    if comm.lsa_size != comm.size:
+        return "the peers are not load/store reachable: no copy engine, no staging"
+    output = torch.empty(1 << 16, device=DEVICE)
+    source = torch.ones(WORLD << 16, device=DEVICE)
+    backend = group._get_backend(DEVICE)
+    return (lambda: dist.reduce_scatter_tensor(output, source, group=group)), backend
+
+
+HOST_CALLS = {
+    "window": _window_registration,
+    "split": _split,
+    "first_use": _first_use,
+    "staging": _staging,
+}
+
+
+def _lonely_call(call: Callable[[], object], backend) -> dict:
+    """Runs `call` on this thread; with `backend`, a Python thread aborts it ABORT_AFTER_S in."""
+    stamps = {}
+
+    def abort_later() -> None:
+        time.sleep(ABORT_AFTER_S)
+        stamps["abort_at"] = time.monotonic()
+        backend.abort()
+        stamps["abort_returned_at"] = time.monotonic()
+
+    aborter = threading.Thread(target=abort_later, name="aborter", daemon=True)
+    start = time.monotonic()
+    if backend is not None:
+        aborter.start()
+    error = None
+    try:
+        call()
+    except Exception as e:  # reported to the parent
+        error = e
+    ended = time.monotonic()
+    report = {"outcome": "raised" if error is not None else "returned", "elapsed_s": ended - start}
+    if error is not None:
+        report["error_type"] = type(error).__name__
+        report["error"] = str(error)[:1500]
+        report["is_dist_backend_error"] = isinstance(error, dist.DistBackendError)
+    if backend is not None:
+        aborter.join(10.0)
+        abort_at = stamps.get("abort_at")
+        report["abort_thread_done"] = not aborter.is_alive()
+        report["ended_before_abort"] = abort_at is None or ended < abort_at
+        report["latency_s"] = None if abort_at is None else ended - abort_at
+        if "abort_returned_at" in stamps:
+            report["abort_call_s"] = stamps["abort_returned_at"] - abort_at
+    return report
+
+
+def abort_during_host_call(job_store, call: str, how: str) -> dict:
+    """Rank 0 is inside a collective host call that rank 1 never joins when the group is aborted
+    (by a Python thread, or by its timeout): the call raises DistBackendError, nothing crashes,
+    destroy returns."""
+    timeout_s = SHORT_TIMEOUT_S if how == "timeout" else LONG_TIMEOUT_S
+    report: dict = {"call": call, "how": how, "timeout_s": timeout_s}
+    # Only nonblocking communicators return from a call a peer never joins (docs/design.md).
+    os.environ["TORCH_NCCL_USE_COMM_NONBLOCKING"] = "1"
+    setup = HOST_CALLS[call](job_store, timeout_s)
+    if isinstance(setup, str):
+        report["skipped"] = setup
+    else:
+        lonely, backend = setup
+        meet(job_store, "ready")  # rank 1 is idle from here on
+        if RANK == 0:
+            report.update(_lonely_call(lonely, backend if how == "abort" else None))
+        else:
+            # Not joining: rank 1's communicator stays alive until rank 0 is done, so that only
+            # the abort (or the timeout) can end rank 0's call.
+            try:
+                job_store.wait(["rank0_done"], timedelta(seconds=PEER_WAIT_S))
+                report["peer_done"] = True
+            except Exception as e:  # rank 0 hung (a timeout) or crashed (its store is gone)
+                report["peer_done"] = False
+                report["peer_error"] = f"{type(e).__name__}: {e}"
+        del setup, lonely, backend
+    start = time.monotonic()
+    dist.destroy_process_group()
+    gc.collect()
+    report["destroy_returned"] = True
+    report["destroy_s"] = time.monotonic() - start
+    if RANK == 0:
+        job_store.set("rank0_done", "1")
+    report["exit_met"] = meet(job_store, "exit", 30.0)  # rank 0's store outlives rank 1's use
+    return report
+
+
 SCENARIOS = {
     "destroy_after_sync_ops": destroy_after_sync_ops,
     "host_ahead_of_gpu": host_ahead_of_gpu,
@@ -266,7 +707,20 @@ SCENARIOS = {
     "reinit_after_failure": reinit_after_failure,
     "watchdog_frees_nothing": watchdog_frees_nothing,
     "no_set_device": no_set_device,
+    "destroy_world_on_thread": destroy_world_on_thread,
+    "drop_subgroup_on_thread": drop_subgroup_on_thread,
+    "drop_backend_on_thread": drop_backend_on_thread,
+    "free_nccl_memory_on_thread": free_nccl_memory_on_thread,
+    "free_nccl_memory_beside_thread": free_nccl_memory_beside_thread,
+    "destroy_subgroup_on_thread_under_traffic": destroy_subgroup_on_thread_under_traffic,
 }
+SCENARIOS.update(
+    {
+        f"{how}_during_{call}": functools.partial(abort_during_host_call, call=call, how=how)
+        for call in HOST_CALLS
+        for how in ("abort", "timeout")
+    }
+)
 
 if __name__ == "__main__":
     report = SCENARIOS[sys.argv[1]](store())

@@ -1,7 +1,9 @@
 """Failure semantics as programs meet them: destroy right after sync ops, the host far ahead of
 the GPU, a capture right after eager traffic, teardown with live CUDA graphs, re-init in the same
-process, the watchdog never blocking, no set_device. Each scenario runs in a two-process world of
-its own (fault_world.py), observed from here: a hang or crash is the failure being looked for.
+process, the watchdog never blocking, no set_device, teardown and frees on Python threads, and an
+abort while a thread is inside a collective NCCL host call. Each scenario runs in a two-process
+world of its own (fault_world.py), observed from here: a hang or crash is the failure being
+looked for.
 """
 
 from __future__ import annotations
@@ -90,3 +92,91 @@ def test_no_set_device_uses_rank_devices(rank):
     report = scenario(rank, "no_set_device")
     assert report["correct"]
     assert report["current_device"] == 0  # the program's current device was left alone
+
+
+# --- Teardown and frees on other threads ------------------------------------------------------
+# The scenarios keep the GPU busy for 1.5 s (fault_world.BUSY_S) ahead of the queued work.
+THREAD_FEW_S = 10.0  # "within a few seconds": a worker's teardown, the GPU's 1.5 s included
+GIL_STALL_S = 0.5  # a spinning thread never stalls this long (the device wait is ~1.5 s)
+DEVICE_WAIT_S = 0.5  # the free did wait for the busy device: else the scenario proved nothing
+
+
+@pytest.mark.timeout(150, method="thread")
+@pytest.mark.parametrize(
+    "name", ["destroy_world_on_thread", "drop_subgroup_on_thread", "drop_backend_on_thread"]
+)
+def test_backend_dropped_on_a_python_thread_with_work_pending(rank, name):
+    """The last reference to a group / backend goes on a threading.Thread, async all_reduces
+    still queued, the main thread spinning in Python: no deadlock, the ops finish right."""
+    report = scenario(rank, name, timeout_s=60.0)
+    assert report["thread_done"] and report["error"] is None, report
+    assert report["thread_s"] < THREAD_FEW_S, report
+    assert report["correct"], report
+    assert report.get("default_after", True), report
+
+
+@pytest.mark.timeout(150, method="thread")
+def test_nccl_memory_freed_on_a_thread_never_holds_the_gil_across_the_device_wait(rank):
+    """The free waits for the busy device on the worker thread; the main thread, spinning in
+    Python, is never stalled for that wait."""
+    report = scenario(rank, "free_nccl_memory_on_thread", timeout_s=60.0)
+    assert report["thread_done"] and report["error"] is None, report
+    assert report["freed_on_thread"], report
+    assert report["free_s"] >= DEVICE_WAIT_S, report
+    assert report["longest_stall_s"] < GIL_STALL_S, report
+    assert report["correct"], report
+
+
+@pytest.mark.timeout(150, method="thread")
+def test_nccl_memory_freed_on_the_main_thread_never_stalls_another_thread(rank):
+    report = scenario(rank, "free_nccl_memory_beside_thread", timeout_s=60.0)
+    assert report["thread_done"] and report["error"] is None, report
+    assert report["freed_on_main"], report
+    assert report["free_s"] >= DEVICE_WAIT_S, report
+    assert report["longest_stall_s"] < GIL_STALL_S, report
+    assert report["correct"], report
+
+
+@pytest.mark.timeout(150, method="thread")
+def test_subgroup_destroyed_on_a_thread_while_the_default_group_runs(rank):
+    report = scenario(rank, "destroy_subgroup_on_thread_under_traffic", timeout_s=60.0)
+    assert report["thread_done"] and report["error"] is None, report
+    assert report["thread_s"] < THREAD_FEW_S, report
+    assert report["correct_subgroup"], report
+    assert report["correct_default"], report
+    assert report["default_after"], report
+
+
+# --- Abort under a collective host call --------------------------------------------------------
+# Rank 0 enters a collective host call that rank 1 never joins; a Python thread aborts the
+# group's backend 1 s in (fault_world.ABORT_AFTER_S, group timeout 30 s), or the group's 3 s
+# timeout must end it (fault_world.SHORT_TIMEOUT_S).
+HOST_CALL_TIMEOUT_S = 3.0
+HOST_CALL_SLACK_S = 5.0  # "a few seconds" after the abort or past the timeout
+HOST_CALLS = ["window", "split", "first_use", "staging"]
+
+
+@pytest.mark.timeout(150, method="thread")
+@pytest.mark.parametrize("how", ["abort", "timeout"])
+@pytest.mark.parametrize("call", HOST_CALLS)
+def test_abort_under_a_collective_host_call_raises(rank, call, how):
+    """Was: the abort freed the communicator under the thread inside NCCL (a crash), or nothing
+    ended the call (a hang). Now: that call raises DistBackendError, destroy returns, exit 0."""
+    report = scenario(rank, f"{how}_during_{call}", timeout_s=90.0)
+    if "skipped" in report:  # decided from the same facts on both ranks, after the child ran
+        pytest.skip(report["skipped"])
+    assert report["destroy_returned"] and report["destroy_s"] < 10.0, report
+    if rank != 0:
+        assert report["peer_done"], report  # rank 0 finished its call and destroy in time
+        return
+    assert report["outcome"] == "raised", report
+    assert report["is_dist_backend_error"], report
+    if how == "abort":
+        assert report["abort_thread_done"], report
+        assert not report["ended_before_abort"], report
+        assert report["latency_s"] <= HOST_CALL_SLACK_S, report
+    else:
+        elapsed = report["elapsed_s"]
+        assert HOST_CALL_TIMEOUT_S - 0.5 <= elapsed <= HOST_CALL_TIMEOUT_S + HOST_CALL_SLACK_S, (
+            report
+        )

@@ -1,0 +1,104 @@
+#include "nccl/api.h"
+
+#include <c10/cuda/CUDAException.h>
+#include <dlfcn.h>
+
+#include <atomic>
+
+// Declared by nccl_device.h, which only nvcc compiles; same symbols, with
+// the structures opaque.
+extern "C" {
+ncclResult_t
+ncclDevCommCreate(ncclComm_t comm, const void* requirements, void* devComm);
+ncclResult_t ncclDevCommDestroy(ncclComm_t comm, const void* devComm);
+}
+
+namespace nccl_core {
+
+namespace {
+
+template <typename Fn>
+void lookUp(Fn& entry, const char* name) {
+  entry = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
+}
+
+NcclApi makeRealApi() {
+  NcclApi api{};
+  api.getVersion = &ncclGetVersion;
+  api.getUniqueId = &ncclGetUniqueId;
+  api.getErrorString = &ncclGetErrorString;
+  api.getLastError = &ncclGetLastError;
+  api.commInitRankConfig = &ncclCommInitRankConfig;
+  api.commSplit = &ncclCommSplit;
+  api.commUserRank = &ncclCommUserRank;
+  api.commCount = &ncclCommCount;
+  api.commGetAsyncError = &ncclCommGetAsyncError;
+  api.commAbort = &ncclCommAbort;
+  api.commRegister = &ncclCommRegister;
+  api.commDeregister = &ncclCommDeregister;
+  api.commWindowRegister = &ncclCommWindowRegister;
+  api.commWindowDeregister = &ncclCommWindowDeregister;
+  api.redOpCreatePreMulSum = &ncclRedOpCreatePreMulSum;
+  api.redOpDestroy = &ncclRedOpDestroy;
+  api.groupStart = &ncclGroupStart;
+  api.groupEnd = &ncclGroupEnd;
+  api.allReduce = &ncclAllReduce;
+  api.broadcast = &ncclBroadcast;
+  api.reduce = &ncclReduce;
+  api.allGather = &ncclAllGather;
+  api.reduceScatter = &ncclReduceScatter;
+  api.send = &ncclSend;
+  api.recv = &ncclRecv;
+  api.memAlloc = &ncclMemAlloc;
+  api.memFree = &ncclMemFree;
+  api.devCommCreate = &ncclDevCommCreate;
+  api.devCommDestroy = &ncclDevCommDestroy;
+  int code = 0;
+  if (ncclGetVersion(&code) == ncclSuccess && code >= NCCL_VERSION(2, 29, 0)) {
+    lookUp(api.putSignal, "ncclPutSignal");
+    lookUp(api.signal, "ncclSignal");
+    lookUp(api.waitSignal, "ncclWaitSignal");
+    lookUp(api.getLsaDevicePointer, "ncclGetLsaDevicePointer");
+    lookUp(api.getLsaMultimemDevicePointer, "ncclGetLsaMultimemDevicePointer");
+    lookUp(api.commQueryProperties, "ncclCommQueryProperties");
+  }
+  api.getDevice = &cudaGetDevice;
+  api.setDevice = &cudaSetDevice;
+  api.exchangeStreamCaptureMode = &cudaThreadExchangeStreamCaptureMode;
+  return api;
+}
+
+std::atomic<const NcclApi*> installed{nullptr};
+
+} // namespace
+
+const NcclApi& realNccl() {
+  static const NcclApi api = makeRealApi();
+  return api;
+}
+
+const NcclApi& nccl() {
+  const NcclApi* api = installed.load(std::memory_order_acquire);
+  return api != nullptr ? *api : realNccl();
+}
+
+void installNcclApi(const NcclApi* api) {
+  installed.store(api, std::memory_order_release);
+}
+
+DeviceGuard::DeviceGuard(int device) : device_(device) {
+  // Warned, not thrown: teardown paths use the guard too, and a call made
+  // on the wrong device reports its own error.
+  C10_CUDA_CHECK_WARN(nccl().getDevice(&previous_));
+  if (previous_ != device_) {
+    C10_CUDA_CHECK_WARN(nccl().setDevice(device_));
+  }
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ != device_) {
+    C10_CUDA_CHECK_WARN(nccl().setDevice(previous_));
+  }
+}
+
+} // namespace nccl_core

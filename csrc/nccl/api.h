@@ -1,0 +1,111 @@
+// The one table of NCCL entry points the package calls, and the one place
+// where entry points of newer releases are looked up. The extension links only
+// symbols NCCL 2.28 exports (tests/cpu/test_linked_symbols.py), so one build
+// loads on every NCCL >= 2.28; newer host functions come from dlsym and are
+// null where the runtime lacks them. Tests replace the table with a fake
+// (torch_nccl_core._C._testing), so the communicator's and the watchdog's
+// logic runs in CI, which has no GPU. Modelled on torchcomms' NcclApi.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+namespace nccl_core {
+
+// ncclWaitSignalDesc_t of NCCL >= 2.29: {opCnt, peer, sigIdx, ctx}.
+struct NcclWaitSignalDesc {
+  int opCnt;
+  int peer;
+  int sigIdx;
+  int ctx;
+};
+
+struct NcclApi {
+  // NCCL 2.28: linked.
+  decltype(&ncclGetVersion) getVersion;
+  decltype(&ncclGetUniqueId) getUniqueId;
+  decltype(&ncclGetErrorString) getErrorString;
+  decltype(&ncclGetLastError) getLastError;
+  decltype(&ncclCommInitRankConfig) commInitRankConfig;
+  decltype(&ncclCommSplit) commSplit;
+  decltype(&ncclCommUserRank) commUserRank;
+  decltype(&ncclCommCount) commCount;
+  decltype(&ncclCommGetAsyncError) commGetAsyncError;
+  decltype(&ncclCommAbort) commAbort;
+  decltype(&ncclCommRegister) commRegister;
+  decltype(&ncclCommDeregister) commDeregister;
+  decltype(&ncclCommWindowRegister) commWindowRegister;
+  decltype(&ncclCommWindowDeregister) commWindowDeregister;
+  decltype(&ncclRedOpCreatePreMulSum) redOpCreatePreMulSum;
+  decltype(&ncclRedOpDestroy) redOpDestroy;
+  decltype(&ncclGroupStart) groupStart;
+  decltype(&ncclGroupEnd) groupEnd;
+  decltype(&ncclAllReduce) allReduce;
+  decltype(&ncclBroadcast) broadcast;
+  decltype(&ncclReduce) reduce;
+  decltype(&ncclAllGather) allGather;
+  decltype(&ncclReduceScatter) reduceScatter;
+  decltype(&ncclSend) send;
+  decltype(&ncclRecv) recv;
+  decltype(&ncclMemAlloc) memAlloc;
+  decltype(&ncclMemFree) memFree;
+  // The device API's structures are nvcc-only (nccl_device.h): opaque here.
+  ncclResult_t (
+      *devCommCreate)(ncclComm_t, const void* requirements, void* devComm);
+  ncclResult_t (*devCommDestroy)(ncclComm_t, const void* devComm);
+
+  // NCCL >= 2.29: looked up at run time, null where the runtime lacks them.
+  ncclResult_t (*putSignal)(
+      const void*,
+      size_t,
+      ncclDataType_t,
+      int,
+      ncclWindow_t,
+      size_t,
+      int,
+      int,
+      unsigned int,
+      ncclComm_t,
+      cudaStream_t);
+  ncclResult_t (*signal)(int, int, int, unsigned int, ncclComm_t, cudaStream_t);
+  ncclResult_t (
+      *waitSignal)(int, NcclWaitSignalDesc*, ncclComm_t, cudaStream_t);
+  ncclResult_t (*getLsaDevicePointer)(ncclWindow_t, size_t, int, void**);
+  ncclResult_t (*getLsaMultimemDevicePointer)(ncclWindow_t, size_t, void**);
+  // Its ncclCommProperties_t exists only in NCCL >= 2.29's headers.
+  ncclResult_t (*commQueryProperties)(ncclComm_t, void*);
+
+  // The CUDA runtime calls of the communicator layer and the watchdog (the
+  // ops' own CUDA work goes through torch).
+  decltype(&cudaGetDevice) getDevice;
+  decltype(&cudaSetDevice) setDevice;
+  decltype(&cudaThreadExchangeStreamCaptureMode) exchangeStreamCaptureMode;
+};
+
+// The table in use: NCCL's own unless a test installed another.
+const NcclApi& nccl();
+
+// NCCL's own entry points (the newer ones where the runtime has them).
+const NcclApi& realNccl();
+
+// Makes `api` the table in use (null: NCCL's own again). For tests: calls in
+// progress keep the table they started with, so install before any
+// communicator exists and keep `api` alive until it is replaced.
+void installNcclApi(const NcclApi* api);
+
+// Sets the calling thread's CUDA device through the table, and restores the
+// previous one on every exit path (NCCL's own cudaSetDevice guard pattern).
+// Never throws: failures are logged.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+  ~DeviceGuard();
+
+ private:
+  const int device_;
+  int previous_ = -1;
+};
+
+} // namespace nccl_core

@@ -1,0 +1,298 @@
+#include "python/fake_nccl.h"
+
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <cstring>
+#include <utility>
+
+namespace nccl_core {
+
+namespace {
+
+std::atomic<FakeNccl*> installedFake{nullptr};
+thread_local int currentDevice = 0;
+
+FakeNccl::Comm* fakeOf(ncclComm_t comm) {
+  return reinterpret_cast<FakeNccl::Comm*>(comm);
+}
+
+ncclComm_t handleOf(FakeNccl::Comm* comm) {
+  return reinterpret_cast<ncclComm_t>(comm);
+}
+
+// A call on `comm`: entered, then left on every path.
+struct Call {
+  Call(const char* name, FakeNccl::Comm* comm)
+      : name(name), comm(comm), result(FakeNccl::current().enter(name, comm)) {}
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
+  ~Call() {
+    FakeNccl::current().leave(name, comm);
+  }
+  const char* name;
+  FakeNccl::Comm* comm;
+  ncclResult_t result;
+};
+
+ncclResult_t initRankConfig(
+    ncclComm_t* comm,
+    int nranks,
+    ncclUniqueId /*id*/,
+    int rank,
+    ncclConfig_t* config) {
+  FakeNccl::Comm* made = FakeNccl::current().make(rank, nranks, config, true);
+  *comm = handleOf(made);
+  return Call("ncclCommInitRankConfig", made).result;
+}
+
+ncclResult_t splitComm(
+    ncclComm_t comm,
+    int color,
+    int key,
+    ncclComm_t* newcomm,
+    ncclConfig_t* config) {
+  FakeNccl::Comm* parent = fakeOf(comm);
+  const Call call("ncclCommSplit", parent);
+  if (call.result != ncclSuccess && call.result != ncclInProgress) {
+    return call.result;
+  }
+  *newcomm = nullptr;
+  if (color != NCCL_SPLIT_NOCOLOR) {
+    FakeNccl::current().split(parent, key, newcomm, config);
+  }
+  return call.result;
+}
+
+ncclResult_t userRank(ncclComm_t comm, int* rank) {
+  *rank = fakeOf(comm)->rank;
+  return Call("ncclCommUserRank", fakeOf(comm)).result;
+}
+
+ncclResult_t count(ncclComm_t comm, int* size) {
+  *size = fakeOf(comm)->size;
+  return Call("ncclCommCount", fakeOf(comm)).result;
+}
+
+ncclResult_t asyncError(ncclComm_t comm, ncclResult_t* state) {
+  return FakeNccl::current().asyncState(fakeOf(comm), state);
+}
+
+ncclResult_t abortComm(ncclComm_t comm) {
+  FakeNccl::current().abort(fakeOf(comm));
+  return ncclSuccess;
+}
+
+ncclResult_t getUniqueId(ncclUniqueId* id) {
+  std::memset(id, 0, sizeof(*id));
+  return ncclSuccess;
+}
+
+const char* lastError(ncclComm_t /*comm*/) {
+  return "fake NCCL";
+}
+
+ncclResult_t group() {
+  return ncclSuccess;
+}
+
+cudaError_t getDevice(int* device) {
+  *device = currentDevice;
+  return cudaSuccess;
+}
+
+cudaError_t setDevice(int device) {
+  currentDevice = device;
+  return cudaSuccess;
+}
+
+cudaError_t exchangeCaptureMode(cudaStreamCaptureMode* /*mode*/) {
+  return cudaSuccess;
+}
+
+} // namespace
+
+FakeNccl::FakeNccl() {
+  table_.getVersion = realNccl().getVersion; // features stay the runtime's
+  table_.getErrorString = realNccl().getErrorString;
+  table_.getUniqueId = &getUniqueId;
+  table_.getLastError = &lastError;
+  table_.commInitRankConfig = &initRankConfig;
+  table_.commSplit = &splitComm;
+  table_.commUserRank = &userRank;
+  table_.commCount = &count;
+  table_.commGetAsyncError = &asyncError;
+  table_.commAbort = &abortComm;
+  table_.groupStart = &group;
+  table_.groupEnd = &group;
+  table_.getDevice = &getDevice;
+  table_.setDevice = &setDevice;
+  table_.exchangeStreamCaptureMode = &exchangeCaptureMode;
+  FakeNccl* expected = nullptr;
+  TORCH_CHECK(
+      installedFake.compare_exchange_strong(expected, this),
+      "a FakeNccl is installed already");
+  installNcclApi(&table_);
+}
+
+FakeNccl::~FakeNccl() {
+  installNcclApi(nullptr);
+  installedFake.store(nullptr);
+}
+
+FakeNccl& FakeNccl::current() {
+  FakeNccl* fake = installedFake.load();
+  TORCH_INTERNAL_ASSERT(fake != nullptr, "no FakeNccl is installed");
+  return *fake;
+}
+
+void FakeNccl::hold(const std::string& call) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  held_.insert(call);
+}
+
+void FakeNccl::release(const std::string& call) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    held_.erase(call);
+  }
+  released_.notify_all();
+}
+
+void FakeNccl::failNext(const std::string& call, int result) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  failNext_[call] = result;
+}
+
+void FakeNccl::setAsyncError(int result) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  asyncError_ = static_cast<ncclResult_t>(result);
+}
+
+int FakeNccl::calls(const std::string& call) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return calls_[call];
+}
+
+int FakeNccl::inside(const std::string& call) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return inside_[call];
+}
+
+int FakeNccl::live() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int count = 0;
+  for (const auto& comm : comms_) {
+    count += comm->freed ? 0 : 1;
+  }
+  return count;
+}
+
+int FakeNccl::abortedUnderCall() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return abortedUnderCall_;
+}
+
+int FakeNccl::usedAfterFree() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return usedAfterFree_;
+}
+
+FakeNccl::Comm* FakeNccl::make(
+    int rank,
+    int size,
+    const ncclConfig_t* config,
+    bool parentBlocks) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return makeLocked(rank, size, config, parentBlocks);
+}
+
+ncclResult_t FakeNccl::split(
+    Comm* parent,
+    int key,
+    ncclComm_t* child,
+    const ncclConfig_t* config) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!parent->pending.empty()) {
+    parent->pendingChild = child;
+    parent->pendingConfig = config;
+    parent->pendingKey = key;
+  } else {
+    *child = handleOf(makeLocked(key, parent->size, config, parent->blocking));
+  }
+  return ncclSuccess;
+}
+
+FakeNccl::Comm* FakeNccl::makeLocked(
+    int rank,
+    int size,
+    const ncclConfig_t* config,
+    bool parentBlocks) {
+  const bool blocking =
+      config == nullptr || config->blocking == NCCL_CONFIG_UNDEF_INT
+          ? parentBlocks
+          : config->blocking != 0;
+  comms_.push_back(std::make_unique<Comm>(Comm{rank, size, blocking}));
+  return comms_.back().get();
+}
+
+ncclResult_t FakeNccl::enter(const char* call, Comm* comm) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  ++calls_[call];
+  ++inside_[call];
+  if (comm != nullptr) {
+    usedAfterFree_ += comm->freed ? 1 : 0;
+    ++comm->inside;
+  }
+  if (held_.count(call) != 0) {
+    if (comm != nullptr && !comm->blocking) {
+      comm->pending = call;
+      return ncclInProgress;
+    }
+    released_.wait(lock, [&] { return held_.count(call) == 0; });
+  }
+  const auto failure = failNext_.find(call);
+  if (failure != failNext_.end()) {
+    const auto result = static_cast<ncclResult_t>(failure->second);
+    failNext_.erase(failure);
+    return result;
+  }
+  return ncclSuccess;
+}
+
+void FakeNccl::leave(const char* call, Comm* comm) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  --inside_[call];
+  if (comm != nullptr) {
+    --comm->inside;
+  }
+}
+
+ncclResult_t FakeNccl::asyncState(Comm* comm, ncclResult_t* state) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++calls_["ncclCommGetAsyncError"];
+  usedAfterFree_ += comm->freed ? 1 : 0;
+  if (!comm->pending.empty()) {
+    if (held_.count(comm->pending) != 0) {
+      *state = ncclInProgress;
+      return ncclSuccess;
+    }
+    comm->pending.clear();
+    if (comm->pendingChild != nullptr) {
+      *std::exchange(comm->pendingChild, nullptr) = handleOf(makeLocked(
+          comm->pendingKey, comm->size, comm->pendingConfig, comm->blocking));
+    }
+  }
+  *state = asyncError_;
+  return ncclSuccess;
+}
+
+void FakeNccl::abort(Comm* comm) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++calls_["ncclCommAbort"];
+  abortedUnderCall_ += comm->inside > 0 ? 1 : 0;
+  usedAfterFree_ += comm->freed ? 1 : 0;
+  comm->freed = true;
+}
+
+} // namespace nccl_core

@@ -1,0 +1,93 @@
+// A scripted NCCL for CPU tests, installed as the NcclApi table (api.h):
+// communicators are host objects, a call can be held inside NCCL (a blocking
+// communicator's thread waits; a nonblocking one's call stays ncclInProgress)
+// or made to fail, and misuse that would crash real NCCL (ncclCommAbort under
+// a call in progress, a call on a freed communicator) is counted instead.
+// Entry points no CPU path reaches stay null.
+#pragma once
+
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "nccl/api.h"
+
+namespace nccl_core {
+
+class FakeNccl {
+ public:
+  // Installs the fake; one at a time.
+  FakeNccl();
+  FakeNccl(const FakeNccl&) = delete;
+  FakeNccl& operator=(const FakeNccl&) = delete;
+  // Reinstalls NCCL's own table.
+  ~FakeNccl();
+
+  // Calls of `call` ("ncclCommSplit", ...) wait inside NCCL until released.
+  void hold(const std::string& call);
+  void release(const std::string& call);
+  // The next call of `call` returns `result`.
+  void failNext(const std::string& call, int result);
+  // What ncclCommGetAsyncError reports once nothing is pending.
+  void setAsyncError(int result);
+
+  int calls(const std::string& call);
+  // Threads inside `call` now (held, or not yet returned).
+  int inside(const std::string& call);
+  // Communicators made and not yet aborted.
+  int live();
+  // ncclCommAbort while a call on the same communicator was in progress.
+  int abortedUnderCall();
+  // Calls on a communicator after its ncclCommAbort (a second abort too).
+  int usedAfterFree();
+
+  // The fake in use, for the entry points (plain functions).
+  static FakeNccl& current();
+
+  struct Comm {
+    int rank;
+    int size;
+    bool blocking;
+    bool freed = false;
+    int inside = 0;
+    std::string pending; // a nonblocking call still in progress
+    // Where a pending split writes its child once it completes (as NCCL
+    // writes it only then).
+    ncclComm_t* pendingChild = nullptr;
+    const ncclConfig_t* pendingConfig = nullptr;
+    int pendingKey = 0;
+  };
+
+  // Entry and exit of a call on `comm` (may be null); returns the scripted
+  // result, ncclInProgress for a held call on a nonblocking communicator.
+  ncclResult_t enter(const char* call, Comm* comm);
+  void leave(const char* call, Comm* comm);
+  Comm* make(int rank, int size, const ncclConfig_t* config, bool parentBlocks);
+  // A split: its child now, or once a held nonblocking split completes.
+  ncclResult_t
+  split(Comm* parent, int key, ncclComm_t* child, const ncclConfig_t* config);
+  ncclResult_t asyncState(Comm* comm, ncclResult_t* state);
+  void abort(Comm* comm);
+
+ private:
+  Comm*
+  makeLocked(int rank, int size, const ncclConfig_t* config, bool parentBlocks);
+
+  std::mutex mutex_;
+  std::condition_variable released_;
+  std::set<std::string> held_;
+  std::map<std::string, int> failNext_;
+  std::map<std::string, int> calls_;
+  std::map<std::string, int> inside_;
+  ncclResult_t asyncError_ = ncclSuccess;
+  int abortedUnderCall_ = 0;
+  int usedAfterFree_ = 0;
+  std::vector<std::unique_ptr<Comm>> comms_; // never freed: misuse is seen
+  NcclApi table_{};
+};
+
+} // namespace nccl_core

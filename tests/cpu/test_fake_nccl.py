@@ -1,0 +1,182 @@
+"""The communicator's and the watchdog's failure logic against a scripted NCCL.
+
+`torch_nccl_core._C._testing.FakeNccl` replaces the package's one table of NCCL entry points
+(csrc/nccl/api.h) while it lives: communicators are host objects, a call can be held inside NCCL
+or made to fail, and misuse that would crash real NCCL (ncclCommAbort under a call in progress,
+a call on a freed communicator) is counted. So this runs in CI, which has no GPU.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from torch_nccl_core import _C
+
+testing = _C._testing
+NCCL_SYSTEM_ERROR = 2  # ncclSystemError
+NCCL_REMOTE_ERROR = 6  # ncclRemoteError
+
+
+@pytest.fixture
+def fake():
+    fake = testing.FakeNccl()
+    yield fake
+    # Every communicator a test made must be gone before real NCCL is back.
+    assert fake.live == 0
+    assert fake.aborted_under_call == 0
+    assert fake.used_after_free == 0
+    del fake
+
+
+def create(timeout_s: float = 5.0, blocking: bool = False, label: str = "group 'g'"):
+    return testing.create_communicator(2, 0, timedelta(seconds=timeout_s), blocking, label)
+
+
+def wait_for(predicate, timeout_s: float = 5.0) -> float:
+    """Seconds until `predicate()` held; fails the test past `timeout_s`."""
+    start = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - start < timeout_s, "condition not reached in time"
+        time.sleep(0.005)
+    return time.monotonic() - start
+
+
+def in_thread(fn):
+    """Runs `fn` on a thread; returns (thread, outcome dict with 'result' or 'error')."""
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["result"] = fn()
+        except BaseException as e:  # handed to the test
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_nonblocking_init_is_bounded_by_the_timeout(fake):
+    fake.hold("ncclCommInitRankConfig")
+    start = time.monotonic()
+    with pytest.raises(dist.DistBackendError) as raised:
+        create(timeout_s=0.3, label="group 'late'")
+    elapsed = time.monotonic() - start
+    fake.release("ncclCommInitRankConfig")
+    message = str(raised.value)
+    assert "ncclCommInitRankConfig" in message and "group 'late'" in message
+    assert "did not complete within 300 ms" in message
+    assert 0.3 <= elapsed < 2.0
+    assert fake.calls("ncclCommAbort") == 1  # the half-made communicator is freed
+
+
+def test_failed_init_names_the_call_and_frees_the_communicator(fake):
+    fake.fail_next("ncclCommInitRankConfig", NCCL_SYSTEM_ERROR)
+    with pytest.raises(dist.DistBackendError, match=r"ncclCommInitRankConfig.*ncclSystemError"):
+        create(blocking=True)
+    assert fake.calls("ncclCommAbort") == 1
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "nonblocking"])
+def test_abort_never_frees_the_communicator_under_a_call(fake, blocking):
+    """Abort while another thread is inside a collective host call (here a split)."""
+    comm = create(blocking=blocking)
+    fake.hold("ncclCommSplit")
+    thread, outcome = in_thread(lambda: testing.split(comm, 0, 0))
+    wait_for(lambda: fake.calls("ncclCommSplit") == 1)
+    start = time.monotonic()
+    testing.abort(comm)
+    assert time.monotonic() - start < 0.5, "abort() must not wait for the call"
+    assert comm.is_aborted
+    if blocking:
+        # Still inside NCCL: the free waits for the call to return.
+        assert fake.inside("ncclCommSplit") == 1
+        assert fake.calls("ncclCommAbort") == 0
+    fake.release("ncclCommSplit")
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+    assert isinstance(outcome.get("error"), dist.DistBackendError), outcome
+    assert "group 'g' was aborted" in str(outcome["error"])
+    # The parent, and in the blocking case the child the split made meanwhile.
+    assert fake.calls("ncclCommAbort") == (2 if blocking else 1)
+
+
+def test_abort_is_immediate_and_idempotent(fake):
+    comm = create()
+    testing.abort(comm)
+    testing.abort(comm)
+    assert fake.calls("ncclCommAbort") == 1
+    with pytest.raises(dist.DistBackendError, match="group 'g' was aborted"):
+        testing.split(comm, 0, 0)
+    assert fake.calls("ncclCommSplit") == 0
+
+
+def test_a_settle_that_outlives_the_timeout_aborts(fake):
+    comm = create(timeout_s=0.2)
+    fake.hold("ncclCommSplit")
+    start = time.monotonic()
+    expected = "ncclCommSplit on the NCCL communicator of group 'g' did not complete within 200 ms"
+    with pytest.raises(dist.DistBackendError, match=expected):
+        testing.split(comm, 0, 0)
+    assert time.monotonic() - start < 2.0
+    fake.release("ncclCommSplit")
+    assert comm.is_aborted and fake.calls("ncclCommAbort") == 1
+
+
+def watchdog(comm, store, timeout_s: float = 30.0):
+    return testing.Watchdog(comm, store, "g", "abort-key", timedelta(seconds=timeout_s))
+
+
+def test_watchdog_aborts_on_an_asynchronous_error_and_tells_peers(fake):
+    comm = create()
+    store = dist.HashStore()
+    dog = watchdog(comm, store)
+    fake.set_async_error(NCCL_REMOTE_ERROR)
+    elapsed = wait_for(lambda: dog.failure is not None, timeout_s=2.0)
+    assert elapsed < 0.5  # polled every 50 ms
+    assert "asynchronous error on group 'g'" in dog.failure
+    assert "ncclRemoteError" in dog.failure
+    assert comm.is_aborted and fake.calls("ncclCommAbort") == 1
+    assert "ncclRemoteError" in store.get("abort-key").decode()
+    dog.stop()
+
+
+def test_watchdog_follows_a_peers_abort(fake):
+    comm = create()
+    store = dist.HashStore()
+    dog = watchdog(comm, store)
+    store.set("abort-key", "rank 1 timed out")
+    wait_for(lambda: dog.failure is not None, timeout_s=3.0)
+    assert dog.failure == "a peer aborted group 'g': rank 1 timed out"
+    assert comm.is_aborted and fake.calls("ncclCommAbort") == 1
+    assert store.get("abort-key") == b"rank 1 timed out"  # not rewritten by this rank
+    dog.stop()
+
+
+def test_watchdog_stops_without_touching_a_healthy_communicator(fake):
+    comm = create()
+    dog = watchdog(comm, dist.HashStore())
+    wait_for(lambda: fake.calls("ncclCommGetAsyncError") >= 2)
+    start = time.monotonic()
+    dog.stop()
+    assert time.monotonic() - start < 0.5
+    assert dog.failure is None
+    assert not comm.is_aborted and fake.calls("ncclCommAbort") == 0
+    testing.abort(comm)
+
+
+def test_watchdog_poll_racing_an_abort_stays_off_the_freed_communicator(fake):
+    """Polls and aborts from other threads: the fake counts any use after free."""
+    comm = create()
+    dog = watchdog(comm, dist.HashStore())
+    wait_for(lambda: fake.calls("ncclCommGetAsyncError") >= 1)
+    for _ in range(20):
+        testing.abort(comm)
+    time.sleep(0.2)  # a few more watchdog polls after the abort
+    dog.stop()
+    assert fake.calls("ncclCommAbort") == 1

@@ -1,0 +1,1016 @@
+"""A soak of the failure semantics: many cycles of init -> a random mix of ops -> a random fault ->
+destroy, in two long-lived worker processes, watched by an orchestrator that enforces deadlines.
+
+    python tests/gpu/soak_world.py --cycles 200 --seed 0 --out soak_report.json
+
+needs two GPUs and no launcher (the script starts its own processes). tests/gpu/test_soak.py runs a
+short version from the GPU suite.
+
+Processes:
+  * the orchestrator (this script without --worker-rank) hosts a TCPStore that outlives every
+    worker, starts rank 0 on cuda:0 and rank 1 on cuda:1, waits for each cycle's results with a
+    deadline, starts a fresh rank 1 after a planned kill, and writes the JSON report. It never
+    touches CUDA.
+  * a worker (--worker-rank R) runs cycles from --first-cycle on. Rank 0 lives for the whole soak
+    and measures its device memory, file descriptors and threads; rank 1 kills itself with SIGKILL
+    in "kill" cycles, and its successor joins at the next cycle.
+
+A cycle: a store rendezvous, init_process_group("nccl_core") on a store prefix of its own
+("cycle{n}": no key of an earlier cycle, or of a killed process, can be read), the ops of its plan
+(results checked), its fault, destroy_process_group. The plan is a pure function of (seed, cycle),
+so the ranks and the orchestrator agree on it without talking. Faults, and where the survivor's
+DistBackendError is timed from (it must come within timeout + slack):
+  none   nothing goes wrong; no error may surface.
+  skip   rank 1 stops issuing all-reduces one op before rank 0 does: rank 0's lonely op must time
+         out ("skip", from that op's start). Rank 1 then issues one op, which must fail because
+         rank 0's watchdog told it through the store ("skip_peer", from rank 0's error).
+  abort  one rank calls its backend's abort() between two all-reduces; its next op must fail at
+         once ("abort_self"), and the other rank's next op, which the aborted rank never joins,
+         must time out ("abort", from the abort() call).
+  kill   rank 1 leaves a few ops in flight and SIGKILLs itself: rank 0 must fail ("kill", from
+         the kill).
+Times are time.monotonic() (CLOCK_MONOTONIC, one clock for every process of the machine), passed
+between ranks through the store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import ctypes
+import dataclasses
+import faulthandler
+import gc
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+WORLD_SIZE = 2
+FAULTS = ("none", "skip", "abort", "kill")
+# Warm-up cycles run every fault once (and every op kind) before rank 0 takes its baseline, so
+# that one-time costs (lazily loaded kernels, first-use caches) are not counted as leaks. The
+# last one is clean, so the baseline is not taken while a previous fault's teardown settles.
+WARMUP_FAULTS = ("skip", "abort", "kill", "none")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+# (kind, async_op): each collective both ways, then the kinds that are asynchronous by nature
+# (coalesced blocks) or run on the caller's stream (one-sided ops, graph replays).
+OP_MENU = (
+    *((kind, async_op) for kind in COLLECTIVES for async_op in (False, True)),
+    ("batch_isend_irecv", True),
+    ("coalescing_manager", True),
+    ("one_sided", False),
+    ("graph", False),
+)
+NUMELS = (1, 255, 4096, 65536, 262144)
+TRAFFIC_NUMEL = 1 << 16  # the all-reduces that faults are injected between
+GRAPH_REPLAYS = 3
+MIB = 1 << 20
+
+WAIT_PAST_TIMEOUT_S = 10.0  # how long past the timeout a survivor waits before calling it a miss
+STORE_TIMEOUT_S = 120.0  # a worker's store calls: longer than a respawn of rank 1 takes
+POLL_S = 0.05
+
+# Store keys. Results and kills live outside the cycle prefixes: the orchestrator reads them.
+ABORT_AT_KEY = "soak/abort_at"  # in the cycle's prefix: when the aborting rank called abort()
+QUIET_KEY = "soak/rank0_quiet"  # in the cycle's prefix: rank 0 failed and its GPU is idle
+
+
+def result_key(cycle: int, rank: int) -> str:
+    return f"soak/result/{cycle}/{rank}"
+
+
+def killed_key(cycle: int) -> str:
+    return f"soak/killed/{cycle}"
+
+
+# The plan: a pure function of (seed, cycle)
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    kind: str
+    async_op: bool
+    numel: int
+
+    @property
+    def label(self) -> str:
+        mode = "async " if self.async_op and self.kind in COLLECTIVES else ""
+        return f"{mode}{self.kind}[{self.numel}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultSpec:
+    kind: str  # one of FAULTS
+    at: int  # all-reduces both ranks run before the fault
+    async_traffic: bool  # those all-reduces (and the ones after) are async_op=True
+    aborter: int  # "abort": the rank that calls abort()
+    in_flight: int  # "kill": ops rank 1 enqueues, and does not wait for, before it dies
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    cycle: int
+    ops: tuple[OpSpec, ...]
+    fault: FaultSpec
+
+
+def plan_cycle(seed: int, cycle: int, warmup: int) -> Plan:
+    """What cycle `cycle` does. Every process computes it for itself, so it must depend on
+    nothing but its arguments (random.Random of an int is the same in every process)."""
+    rng = random.Random(seed * 1_000_003 + cycle)
+    if cycle < warmup:
+        kinds = rng.sample(OP_MENU, len(OP_MENU))
+        fault_kind = WARMUP_FAULTS[cycle % len(WARMUP_FAULTS)]
+    else:
+        kinds = rng.choices(OP_MENU, k=rng.randint(3, 8))
+        fault_kind = rng.choice(FAULTS)
+    ops = tuple(OpSpec(kind, async_op, rng.choice(NUMELS)) for kind, async_op in kinds)
+    fault = FaultSpec(
+        kind=fault_kind,
+        at=rng.randint(1, 6),
+        async_traffic=rng.random() < 0.5,
+        aborter=rng.randint(0, 1),
+        in_flight=rng.randint(1, 4),
+    )
+    return Plan(cycle, ops, fault)
+
+
+# Worker: one cycle's context, data and ops
+
+
+class HostWaitExpired(TimeoutError):
+    """The host gave up waiting for the GPU: no DistBackendError came to end the wait."""
+
+
+@dataclasses.dataclass
+class Cycle:
+    """What the ops and faults of one cycle need; `result` is what the orchestrator gets."""
+
+    rank: int
+    device: torch.device
+    store: dist.Store  # the soak's store: outlives every cycle and every worker
+    cycle_store: dist.Store  # this cycle's prefix of it
+    plan: Plan
+    timeout_s: float
+    windows: bool  # NCCL registers windows here: one-sided ops can run
+    result: dict
+    phase: str = "init"
+
+    @property
+    def peer(self) -> int:
+        return 1 - self.rank
+
+    @property
+    def wait_limit_s(self) -> float:
+        return self.timeout_s + WAIT_PAST_TIMEOUT_S
+
+
+Check = tuple[str, torch.Tensor, torch.Tensor]  # (label, actual, expected)
+
+
+def data(ctx: Cycle, rank: int, index: int, numel: int, salt: int = 0) -> torch.Tensor:
+    """Rank `rank`'s input to op `index` of this cycle. Small integers in float32, so sums are
+    exact; they differ by rank, cycle, op and element, so a stale or misplaced value shows."""
+    base = (ctx.plan.cycle * 31 + index * 7 + salt * 3) % 97
+    values = torch.arange(numel, device=ctx.device) % 251 + base + 1000 * rank
+    return values.float()
+
+
+def summed(ctx: Cycle, index: int, numel: int, salt: int = 0) -> torch.Tensor:
+    return sum(data(ctx, r, index, numel, salt) for r in range(WORLD_SIZE))
+
+
+def unfilled(numel: int, ctx: Cycle) -> torch.Tensor:
+    """An output buffer holding a value no op produces, so that an op that wrote nothing fails."""
+    return torch.full((numel,), -1.0, device=ctx.device)
+
+
+def finish(work: dist.Work | None, async_op: bool) -> None:
+    if async_op:
+        work.wait()
+
+
+def op_all_reduce(ctx: Cycle, i: int, spec: OpSpec) -> list[Check]:
+    tensor = data(ctx, ctx.rank, i, spec.numel)
+    finish(dist.all_reduce(tensor, async_op=spec.async_op), spec.async_op)
+    return [(spec.label, tensor, summed(ctx, i, spec.numel))]
+
+
+def op_all_gather(ctx: Cycle, i: int, spec: OpSpec) -> list[Check]:
+    out = unfilled(WORLD_SIZE * spec.numel, ctx)
+    mine = data(ctx, ctx.rank, i, spec.numel)
+    finish(dist.all_gather_into_tensor(out, mine, async_op=spec.async_op), spec.async_op)
+    expected = torch.cat([data(ctx, r, i, spec.numel) for r in range(WORLD_SIZE)])
+    return [(spec.label, out, expected)]
+
+
+def op_reduce_scatter(ctx: Cycle, i: int, spec: OpSpec) -> list[Check]:
+    n = spec.numel
+    out = unfilled(n, ctx)
+    mine = data(ctx, ctx.rank, i, WORLD_SIZE * n)
+    finish(dist.reduce_scatter_tensor(out, mine, async_op=spec.async_op), spec.async_op)
+    expected = summed(ctx, i, WORLD_SIZE * n)[ctx.rank * n : (ctx.rank + 1) * n]
+    return [(spec.label, out, expected)]
+
+
+def op_broadcast(ctx: Cycle, i: int, spec: OpSpec) -> list[Check]:
+    src = (ctx.plan.cycle + i) % WORLD_SIZE
+    tensor = data(ctx, ctx.rank, i, spec.numel)
+    finish(dist.broadcast(tensor, src=src, async_op=spec.async_op), spec.async_op)
+    return [(spec.label, tensor, data(ctx, src, i, spec.numel))]
+
+
+def op_batch_isend_irecv(ctx: Cycle, i: int, spec: OpSpec) -> list[Check]:
+    received = unfilled(spec.numel, ctx)
+    batch = [
+        dist.P2POp(dist.isend, data(ctx, ctx.rank, i, spec.numel), ctx.peer),
+        dist.P2POp(dist.irecv, received, ctx.peer),
+    ]
+    for work in dist.batch_isend_irecv(batch):
+        work.wait()
+    return [(spec.label, received, data(ctx, ctx.peer, i, spec.numel))]
+
+
+def op_coalescing_manager(ctx: Cycle, i: int, spec: OpSpec) -> list[Check]:
+    """Two all-reduces of different sizes in one coalesced block (start/end on the backend)."""
+    numels = (spec.numel, spec.numel + 1)
+    tensors = [data(ctx, ctx.rank, i, n, salt=s) for s, n in enumerate(numels)]
+    with dist._coalescing_manager(device=ctx.device, async_ops=True) as manager:
+        for tensor in tensors:
+            dist.all_reduce(tensor)
+    manager.wait()
+    return [
+        (f"{spec.label}#{s}", t, summed(ctx, i, n, salt=s))
+        for s, (t, n) in enumerate(zip(tensors, numels, strict=True))
+    ]
+
+
+def op_one_sided(ctx: Cycle, i: int, spec: OpSpec) -> list[Check]:
+    """put_signal into the peer's window, wait_signal for the peer's put into ours.
+
+    The window is registered and, when the tensor goes, deregistered by both ranks together;
+    the barriers keep either rank from writing into a window that is not ready yet, or from
+    dropping its window while the peer still uses the pair."""
+    if not ctx.windows:
+        ctx.result["skipped"].append(spec.label)
+        return []
+    import torch_nccl_core
+    from torch_nccl_core import ops as one_sided
+
+    numel = max(spec.numel, 1024)
+    window = torch_nccl_core.empty(numel, window=True)
+    window.fill_(-1.0)
+    torch.cuda.synchronize(ctx.device)
+    dist.barrier()
+    one_sided.put_signal(data(ctx, ctx.rank, i, numel), window, ctx.peer)
+    one_sided.wait_signal(window, ctx.peer)
+    received = window.clone()
+    torch.cuda.synchronize(ctx.device)
+    dist.barrier()
+    return [(spec.label, received, data(ctx, ctx.peer, i, numel))]
+
+
+def op_graph(ctx: Cycle, i: int, spec: OpSpec) -> list[Check]:
+    """A CUDA graph that captured an all-reduce (as fault_world.capture_after_eager does),
+    replayed with new data each time; destroyed here, before the group, so that destroying the
+    group finds no live graph holding its NCCL resources."""
+    static = unfilled(spec.numel, ctx)
+    side = torch.cuda.Stream(device=ctx.device)
+    side.wait_stream(torch.cuda.current_stream(ctx.device))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+        dist.all_reduce(static)
+    torch.cuda.current_stream(ctx.device).wait_stream(side)
+    checks = []
+    for replay in range(GRAPH_REPLAYS):
+        static.copy_(data(ctx, ctx.rank, i, spec.numel, salt=replay))
+        graph.replay()
+        label = f"{spec.label} replay {replay}"
+        checks.append((label, static.clone(), summed(ctx, i, spec.numel, salt=replay)))
+    torch.cuda.synchronize(ctx.device)
+    del graph
+    return checks
+
+
+OPS = {
+    "all_reduce": op_all_reduce,
+    "all_gather": op_all_gather,
+    "reduce_scatter": op_reduce_scatter,
+    "broadcast": op_broadcast,
+    "batch_isend_irecv": op_batch_isend_irecv,
+    "coalescing_manager": op_coalescing_manager,
+    "one_sided": op_one_sided,
+    "graph": op_graph,
+}
+
+
+def run_ops(ctx: Cycle) -> None:
+    """The cycle's op mix, then every result compared (after all of them ran, so that a
+    mismatch on one rank cannot put the ranks out of step)."""
+    checks: list[Check] = []
+    for i, spec in enumerate(ctx.plan.ops):
+        ctx.phase = f"op {i} {spec.label}"
+        checks += OPS[spec.kind](ctx, i, spec)
+    ctx.phase = "checking results"
+    torch.cuda.synchronize(ctx.device)
+    for label, actual, expected in checks:
+        if not torch.equal(actual, expected):
+            wrong = int((actual != expected).sum())
+            ctx.result["failures"].append(f"wrong result: {label}: {wrong} elements differ")
+    ctx.result["checks"] = len(checks)
+
+
+# Worker: faults
+
+
+class Traffic:
+    """All-reduces of one small tensor, each waited for on the host, so that the host never runs
+    ahead of the GPU and an injected fault meets the next op. With async ops the host waits
+    through Work.wait(timeout); with sync ops by polling an event on the current stream (a sync
+    op's failure reaches the host at the next call, once the watchdog's abort ended the
+    kernel)."""
+
+    def __init__(self, ctx: Cycle) -> None:
+        self.ctx = ctx
+        self.async_op = ctx.plan.fault.async_traffic
+        self.tensor = torch.ones(TRAFFIC_NUMEL, device=ctx.device)
+
+    def enqueue(self) -> dist.Work | None:
+        return dist.all_reduce(self.tensor, op=dist.ReduceOp.MAX, async_op=self.async_op)
+
+    def op(self, limit_s: float) -> None:
+        work = self.enqueue()
+        if self.async_op:
+            work.wait(timeout=timedelta(seconds=limit_s))
+        else:
+            self.drain(limit_s)
+
+    def drain(self, limit_s: float) -> None:
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.ctx.device))
+        deadline = time.monotonic() + limit_s
+        while not event.query():
+            if time.monotonic() > deadline:
+                raise HostWaitExpired(f"the stream did not drain within {limit_s:.1f}s")
+            time.sleep(0.001)
+
+    def run(self, count: int) -> None:
+        for _ in range(count):
+            self.op(self.ctx.wait_limit_s)
+
+    def until_failure(self) -> tuple[float, dist.DistBackendError] | None:
+        """Ops until one raises DistBackendError: (when, the error); None if none did in time.
+        Any other exception propagates and is reported as one."""
+        deadline = time.monotonic() + self.ctx.wait_limit_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                self.op(left)
+            except dist.DistBackendError as error:
+                return time.monotonic(), error
+        return None
+
+
+def store_time(store: dist.Store, key: str, timeout_s: float) -> float:
+    store.wait([key], timedelta(seconds=timeout_s))
+    return float(store.get(key).decode())
+
+
+def record(
+    ctx: Cycle,
+    name: str,
+    hit: tuple[float, BaseException] | None,
+    since: float | None = None,
+) -> None:
+    """Files the survivor's detection `name` (seconds from `since`), or a miss as a failure."""
+    if hit is None:
+        ctx.result["failures"].append(
+            f"{name}: no DistBackendError within {ctx.wait_limit_s:.0f}s of the fault"
+        )
+        return
+    at, error = hit
+    ctx.result["detections"][name] = round(at - since, 3) if since is not None else None
+    ctx.result["errors"][name] = f"{type(error).__name__}: {error}"[:300]
+
+
+def fault_none(ctx: Cycle, traffic: Traffic) -> None:
+    traffic.run(ctx.plan.fault.at)
+
+
+def fault_skip(ctx: Cycle, traffic: Traffic) -> None:
+    """Rank 1 stops one op early. Rank 0 tells rank 1 only once its own GPU is idle (its lonely
+    op ended by the abort), so that rank 1's next op cannot pair with it."""
+    traffic.run(ctx.plan.fault.at)
+    if ctx.rank == 0:
+        failed_at = None
+        try:
+            injected = time.monotonic()
+            hit = traffic.until_failure()
+            record(ctx, "skip", hit, injected)
+            failed_at = hit[0] if hit else None
+            torch.cuda.synchronize(ctx.device)
+        finally:
+            ctx.cycle_store.set(QUIET_KEY, str(failed_at or time.monotonic()))
+    else:
+        failed_at = store_time(ctx.cycle_store, QUIET_KEY, ctx.wait_limit_s + 10)
+        record(ctx, "skip_peer", traffic.until_failure(), failed_at)
+
+
+def fault_abort(ctx: Cycle, traffic: Traffic) -> None:
+    """One rank aborts between two ops; its peer is not told (abort() does not tell peers), so
+    the peer's next op times out. Both must see DistBackendError."""
+    traffic.run(ctx.plan.fault.at)
+    if ctx.rank == ctx.plan.fault.aborter:
+        aborted_at = time.monotonic()
+        ctx.cycle_store.set(ABORT_AT_KEY, str(aborted_at))
+        dist.distributed_c10d._get_default_group()._get_backend(torch.device("cuda")).abort()
+        record(ctx, "abort_self", traffic.until_failure(), aborted_at)
+    else:
+        hit = traffic.until_failure()
+        aborted_at = store_time(ctx.cycle_store, ABORT_AT_KEY, ctx.wait_limit_s) if hit else None
+        record(ctx, "abort", hit, aborted_at)
+
+
+def fault_kill(ctx: Cycle, traffic: Traffic) -> None:
+    """Rank 1 enqueues a few ops without waiting, notes the time and SIGKILLs itself; the
+    orchestrator starts its successor. Rank 0 must fail, and must not hang."""
+    traffic.run(ctx.plan.fault.at)
+    if ctx.rank == 1:
+        for _ in range(ctx.plan.fault.in_flight):
+            traffic.enqueue()
+        ctx.store.set(killed_key(ctx.plan.cycle), str(time.monotonic()))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)  # not reached
+    hit = traffic.until_failure()
+    killed_at = store_time(ctx.store, killed_key(ctx.plan.cycle), ctx.wait_limit_s) if hit else None
+    record(ctx, "kill", hit, killed_at)
+
+
+FAULT_PHASES = {"none": fault_none, "skip": fault_skip, "abort": fault_abort, "kill": fault_kill}
+
+
+# Worker: a cycle, resources, the loop
+
+
+def rendezvous(ctx: Cycle) -> None:
+    """Both ranks reach init_process_group together. NCCL's initialization on a nonblocking
+    communicator (the default) is bounded by the group's timeout, and one rank may come much
+    later than the other: its peer still waiting out a fault, or a fresh rank 1 still starting
+    after a kill. The store waits for it without a bound of that kind."""
+    ctx.phase = "rendezvous"
+    ctx.cycle_store.set(f"soak/ready/{ctx.rank}", "1")
+    keys = [f"soak/ready/{r}" for r in range(WORLD_SIZE)]
+    ctx.cycle_store.wait(keys, timedelta(seconds=STORE_TIMEOUT_S))
+
+
+def init_group(ctx: Cycle) -> None:
+    ctx.phase = "init"
+    dist.init_process_group(
+        "nccl_core",
+        store=ctx.cycle_store,
+        rank=ctx.rank,
+        world_size=WORLD_SIZE,
+        timeout=timedelta(seconds=ctx.timeout_s),
+        device_id=ctx.device,
+    )
+
+
+def prime_nccl(device: torch.device) -> None:
+    """A one-rank group made, used and destroyed once per process, before any cycle: NCCL's
+    first initialization in a process (loading its kernels, reading the topology) is its
+    slowest, and a cycle's short timeout bounds initialization too."""
+    dist.init_process_group(
+        "nccl_core", store=dist.HashStore(), rank=0, world_size=1, device_id=device
+    )
+    dist.all_reduce(torch.ones(1, device=device))
+    torch.cuda.synchronize(device)
+    dist.destroy_process_group()
+    gc.collect()
+
+
+def destroy_group(ctx: Cycle) -> None:
+    """destroy_process_group, timed; objects of the cycle that sit in reference cycles (Work,
+    tracebacks) are collected first, so that the group's last references go with it."""
+    ctx.phase = "destroy"
+    gc.collect()
+    if not dist.is_initialized():
+        return
+    start = time.monotonic()
+    try:
+        dist.destroy_process_group()
+    except Exception as error:
+        ctx.result["failures"].append(f"destroy raised {type(error).__name__}: {error}"[:500])
+    ctx.result["destroy_s"] = round(time.monotonic() - start, 3)
+    gc.collect()
+
+
+def run_body(ctx: Cycle) -> None:
+    rendezvous(ctx)
+    init_group(ctx)
+    run_ops(ctx)
+    ctx.phase = f"fault {ctx.plan.fault.kind}"
+    FAULT_PHASES[ctx.plan.fault.kind](ctx, Traffic(ctx))
+
+
+def run_cycle(
+    rank: int, device: torch.device, store: dist.Store, plan: Plan, args: argparse.Namespace
+) -> dict:
+    """One cycle on this rank; its report. Every exception is caught and reported, so the
+    worker goes on with the next cycle (the orchestrator fails the soak at the end)."""
+    result = {
+        "cycle": plan.cycle,
+        "rank": rank,
+        "fault": plan.fault.kind,
+        "ops": [spec.label for spec in plan.ops],
+        "failures": [],
+        "detections": {},
+        "errors": {},
+        "skipped": [],
+    }
+    ctx = Cycle(
+        rank=rank,
+        device=device,
+        store=store,
+        cycle_store=dist.PrefixStore(f"cycle{plan.cycle}", store),
+        plan=plan,
+        timeout_s=args.timeout_s,
+        windows=args.windows,
+        result=result,
+    )
+    start = time.monotonic()
+    try:
+        run_body(ctx)
+    except Exception as error:  # the faults' expected DistBackendErrors never get here
+        what = (
+            "a DistBackendError before or outside the injected fault"
+            if isinstance(error, dist.DistBackendError)
+            else f"a non-DistBackendError {type(error).__name__}"
+        )
+        result["failures"].append(f"{ctx.phase}: {what}: {error}"[:600])
+    finally:
+        destroy_group(ctx)
+    result["seconds"] = round(time.monotonic() - start, 3)
+    return result
+
+
+def resources(device: torch.device) -> dict:
+    """What rank 0 must give back after every cycle. Device memory is the whole GPU's use
+    (total - free) after the caching allocator released its unused blocks; /proc/self/task
+    counts native threads (NCCL's proxies, the watchdog), not only Python ones."""
+    gc.collect()
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    return {
+        "device_used_mib": round((total - free) / MIB, 1),
+        "allocated_bytes": torch.cuda.memory_allocated(device),
+        "fds": len(os.listdir("/proc/self/fd")),
+        "threads": len(os.listdir("/proc/self/task")),
+    }
+
+
+def tolerances(args: argparse.Namespace) -> dict:
+    return {
+        "device_used_mib": args.mem_tolerance_mib,
+        "allocated_bytes": 0,
+        "fds": args.fd_tolerance,
+        "threads": args.thread_tolerance,
+    }
+
+
+def grown(now: dict, baseline: dict, tolerance: dict) -> dict:
+    """The measures that grew past their tolerance since the baseline, and by how much."""
+    return {
+        key: round(now[key] - baseline[key], 1)
+        for key in baseline
+        if now[key] - baseline[key] > tolerance[key]
+    }
+
+
+def settled(device: torch.device, baseline: dict, tolerance: dict, seconds: float) -> dict:
+    """The end measurement, taken again for up to `seconds` while it is above the baseline:
+    a teardown may finish on a thread of its own (NCCL's abort with a graph just released),
+    which is not a leak if it ends."""
+    deadline = time.monotonic() + seconds
+    while True:
+        now = resources(device)
+        if not grown(now, baseline, tolerance) or time.monotonic() > deadline:
+            return now
+        time.sleep(0.25)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Workers must not outlive the orchestrator (killed by a test's timeout, say): left
+    running, they would hold both GPUs. PR_SET_PDEATHSIG asks Linux to SIGKILL this process
+    when its parent goes."""
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL))
+    if os.getppid() != parent_pid:  # the parent went before the request was in place
+        os._exit(1)
+
+
+def worker_main(args: argparse.Namespace) -> int:
+    die_with_parent(args.parent_pid)
+    faulthandler.enable()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the orchestrator's hang dump
+    torch.set_num_threads(1)  # no CPU thread pool appearing midway in the thread counts
+    import torch_nccl_core  # registers "nccl_core"
+
+    rank = args.worker_rank
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    prime_nccl(device)
+    args.windows = bool(torch_nccl_core.features().get("window_registration", False))
+    store = dist.TCPStore(
+        "127.0.0.1", args.port, is_master=False, timeout=timedelta(seconds=STORE_TIMEOUT_S)
+    )
+    baseline = None
+    for cycle in range(args.first_cycle, args.cycles):
+        plan = plan_cycle(args.seed, cycle, args.warmup)
+        print(f"[rank {rank}] cycle {cycle}: {plan}", flush=True)
+        result = run_cycle(rank, device, store, plan, args)
+        if rank == 0:
+            now = resources(device)
+            if cycle == args.warmup - 1:
+                baseline = now
+            if cycle == args.cycles - 1 and baseline is not None:
+                now = settled(device, baseline, tolerances(args), seconds=10.0)
+                result["baseline"] = baseline
+            result["resources"] = now
+        store.set(result_key(cycle, rank), json.dumps(result))
+        print(f"[rank {rank}] cycle {cycle} done: {json.dumps(result)}", flush=True)
+    return 0
+
+
+# Orchestrator
+
+LAUNCHER_VARS = frozenset(
+    {
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_RANK",
+        "ROLE_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    }
+)
+SURVIVOR_DETECTIONS = {  # fault -> {rank role: detection it must report}
+    "skip": {0: "skip", 1: "skip_peer"},
+    "kill": {0: "kill"},
+}
+
+
+def worker_env() -> dict[str, str]:
+    """The workers' environment: no launcher variables (the suite runs under torchrun), NCCL's
+    bootstrap over loopback as in helpers._child_world_env."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in LAUNCHER_VARS and not k.startswith("TORCHELASTIC")
+    }
+    env.update(NCCL_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1")
+    return env
+
+
+def expected_detections(plan: Plan) -> dict[int, str]:
+    if plan.fault.kind == "abort":
+        aborter = plan.fault.aborter
+        return {aborter: "abort_self", 1 - aborter: "abort"}
+    return SURVIVOR_DETECTIONS.get(plan.fault.kind, {})
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as error:
+        return f"<{error}>"
+
+
+class Soak:
+    """Starts and watches the workers, collects each cycle's results in order, and judges them.
+
+    A cycle is done when every rank that should report has (rank 1 does not in "kill" cycles,
+    where it must instead die of SIGKILL after noting the kill). It must be done within the
+    cycle deadline, or the soak stops as hung."""
+
+    def __init__(self, args: argparse.Namespace, store: dist.TCPStore, log_dir: Path) -> None:
+        self.args = args
+        self.store = store
+        self.log_dir = log_dir
+        self.workers: dict[int, subprocess.Popen] = {}
+        self.logs: list[Path] = []
+        self.spawns = 0
+        self.results: dict[int, dict[int, dict]] = collections.defaultdict(dict)
+        self.killed: set[int] = set()
+        self.failures: list[str] = []
+        self.fatal = False
+        self.cycles_done = 0
+        self.start = time.monotonic()
+
+    # processes
+
+    def spawn(self, rank: int, first_cycle: int) -> None:
+        a = self.args
+        command = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            *("--worker-rank", str(rank), "--port", str(self.store.port)),
+            *("--first-cycle", str(first_cycle), "--parent-pid", str(os.getpid())),
+            *("--cycles", str(a.cycles), "--seed", str(a.seed), "--warmup", str(a.warmup)),
+            *("--timeout-s", str(a.timeout_s), "--mem-tolerance-mib", str(a.mem_tolerance_mib)),
+            *("--fd-tolerance", str(a.fd_tolerance), "--thread-tolerance", str(a.thread_tolerance)),
+        ]
+        log = self.log_dir / f"rank{rank}-spawn{self.spawns}-from-cycle{first_cycle}.log"
+        self.spawns += 1
+        self.logs.append(log)
+        with open(log, "w") as sink:
+            self.workers[rank] = subprocess.Popen(
+                command, env=worker_env(), stdout=sink, stderr=subprocess.STDOUT
+            )
+
+    def stop_workers(self, dump_stacks: bool = False) -> None:
+        """SIGKILL every worker still running; with dump_stacks, have them print their Python
+        stacks to their logs first (faulthandler on SIGUSR1)."""
+        if dump_stacks and self.workers:
+            for proc in self.workers.values():
+                proc.send_signal(signal.SIGUSR1)
+            time.sleep(2.0)
+        for proc in self.workers.values():
+            proc.kill()
+        for proc in self.workers.values():
+            proc.wait()
+        self.workers.clear()
+
+    def watch_workers(self, cycle: int) -> None:
+        """Handles workers that exited: rank 1 killed as planned is replaced, a worker done with
+        its cycles is let go, anything else stops the soak."""
+        for rank, proc in list(self.workers.items()):
+            rc = proc.poll()
+            if rc is None:
+                continue
+            del self.workers[rank]
+            if rc == 0:
+                continue  # it ran its last cycle; a missing result shows in collect()
+            killed = self.planned_kill(cycle) if rank == 1 and rc == -signal.SIGKILL else None
+            if killed is None:
+                self.fail(f"rank {rank} exited with rc {rc} during cycle {cycle}", fatal=True)
+                continue
+            self.killed.add(killed)
+            if killed + 1 < self.args.cycles:
+                self.spawn(1, killed + 1)
+
+    def planned_kill(self, cycle: int) -> int | None:
+        """The kill cycle rank 1 died in, if it died in one: the first cycle from `cycle` on
+        (rank 1 may run ahead of the orchestrator's bookkeeping) that plans a kill and whose
+        kill rank 1 noted in the store."""
+        for candidate in range(cycle, self.args.cycles):
+            plan = plan_cycle(self.args.seed, candidate, self.args.warmup)
+            if candidate in self.killed or plan.fault.kind != "kill":
+                continue
+            if self.store.check([killed_key(candidate)]):
+                return candidate
+        return None
+
+    # cycles
+
+    def fail(self, message: str, fatal: bool = False) -> None:
+        self.failures.append(message)
+        self.fatal = self.fatal or fatal
+
+    def collect(self, cycle: int, plan: Plan) -> bool:
+        """Whether every result cycle `cycle` owes is in (reading them as they come)."""
+        killed = plan.fault.kind == "kill"
+        owed = (0,) if killed else tuple(range(WORLD_SIZE))
+        for rank in owed:
+            if rank in self.results[cycle]:
+                continue
+            if not self.store.check([result_key(cycle, rank)]):
+                if rank not in self.workers and not (rank == 1 and cycle in self.killed):
+                    self.fail(f"rank {rank} is gone without a result for cycle {cycle}", True)
+                return False
+            self.results[cycle][rank] = json.loads(self.store.get(result_key(cycle, rank)))
+        return not killed or cycle in self.killed
+
+    def await_cycle(self, cycle: int) -> bool:
+        plan = plan_cycle(self.args.seed, cycle, self.args.warmup)
+        deadline = time.monotonic() + self.args.cycle_deadline_s
+        while True:
+            self.watch_workers(cycle)
+            if not self.fatal and self.collect(cycle, plan):
+                return True
+            if self.fatal:
+                return False
+            if time.monotonic() > deadline:
+                have = sorted(self.results[cycle])
+                self.fail(
+                    f"hang: cycle {cycle} ({plan.fault.kind}, ops {[s.label for s in plan.ops]})"
+                    f" unfinished after {self.args.cycle_deadline_s:.0f}s; results from ranks"
+                    f" {have}; stacks in the logs",
+                    fatal=True,
+                )
+                self.stop_workers(dump_stacks=True)
+                return False
+            time.sleep(POLL_S)
+
+    def await_exit(self) -> None:
+        deadline = time.monotonic() + self.args.cycle_deadline_s
+        while self.workers and time.monotonic() < deadline:
+            for rank, proc in list(self.workers.items()):
+                if proc.poll() is not None:
+                    del self.workers[rank]
+                    if proc.returncode != 0:
+                        self.fail(f"rank {rank} exited with rc {proc.returncode} after the soak")
+            time.sleep(POLL_S)
+        if self.workers:
+            self.fail(f"ranks {sorted(self.workers)} did not exit after the last cycle")
+            self.stop_workers(dump_stacks=True)
+
+    def run(self) -> None:
+        for rank in range(WORLD_SIZE):
+            self.spawn(rank, 0)
+        for cycle in range(self.args.cycles):
+            if not self.await_cycle(cycle):
+                return
+            self.cycles_done = cycle + 1
+            print(f"cycle {cycle} done ({time.monotonic() - self.start:.0f}s)", flush=True)
+        self.await_exit()
+
+    # verdict and report
+
+    def judge(self) -> dict:
+        """Failures from the results; the detection latencies and resource series."""
+        limit = self.args.timeout_s + self.args.slack_s
+        destroy_limit = self.args.timeout_s + 5.0 + self.args.slack_s  # design: timeout + 5 s
+        latencies: dict[str, list[float]] = collections.defaultdict(list)
+        examples: dict[str, str] = {}
+        for cycle in range(self.cycles_done):
+            plan = plan_cycle(self.args.seed, cycle, self.args.warmup)
+            for rank, result in sorted(self.results[cycle].items()):
+                where = f"cycle {cycle} ({plan.fault.kind}) rank {rank}"
+                self.failures += [f"{where}: {f}" for f in result["failures"]]
+                if result.get("destroy_s", 0.0) > destroy_limit:
+                    self.fail(f"{where}: destroy took {result['destroy_s']}s (> {destroy_limit}s)")
+                for name, seconds in result["detections"].items():
+                    if seconds is None:
+                        continue
+                    latencies[name].append(seconds)
+                    examples.setdefault(name, result["errors"].get(name, ""))
+                    if not 0.0 <= seconds <= limit:
+                        self.fail(f"{where}: {name} surfaced after {seconds}s (limit {limit}s)")
+                wanted = expected_detections(plan).get(rank)
+                if wanted and wanted not in result["detections"] and not result["failures"]:
+                    self.fail(f"{where}: no {wanted} detection reported")
+        return {
+            "limit_s": limit,
+            "by_fault": {
+                name: {
+                    "count": len(values),
+                    "max": max(values),
+                    "mean": round(sum(values) / len(values), 3),
+                }
+                for name, values in sorted(latencies.items())
+            },
+            "example_errors": examples,
+        }
+
+    def judge_resources(self) -> dict:
+        series = [
+            {"cycle": c, **self.results[c][0]["resources"]}
+            for c in range(self.cycles_done)
+            if "resources" in self.results[c].get(0, {})
+        ]
+        report = {"tolerance": tolerances(self.args), "per_cycle": series}
+        last = self.results.get(self.args.cycles - 1, {}).get(0, {})
+        if self.cycles_done < self.args.cycles or "baseline" not in last:
+            report["checked"] = False
+            return report
+        baseline, end = last["baseline"], last["resources"]
+        growth = grown(end, baseline, tolerances(self.args))
+        report.update(checked=True, baseline=baseline, end=end, leaked=growth)
+        if growth:
+            self.fail(f"leak: rank 0 ended above its post-warm-up baseline: {growth}")
+        return report
+
+    def report(self) -> dict:
+        detection = self.judge()
+        resources_report = self.judge_resources()
+        faults = collections.Counter(
+            plan_cycle(self.args.seed, c, self.args.warmup).fault.kind
+            for c in range(self.cycles_done)
+        )
+        ops = collections.Counter(
+            spec.kind
+            for c in range(self.cycles_done)
+            for spec in plan_cycle(self.args.seed, c, self.args.warmup).ops
+        )
+        cycle_seconds = [
+            r["seconds"] for c in range(self.cycles_done) for r in self.results[c].values()
+        ]
+        report = {
+            "ok": not self.failures,
+            "cycles_requested": self.args.cycles,
+            "cycles_run": self.cycles_done,
+            "seed": self.args.seed,
+            "timeout_s": self.args.timeout_s,
+            "warmup_cycles": self.args.warmup,
+            "faults": {kind: faults.get(kind, 0) for kind in FAULTS},
+            "ops": dict(sorted(ops.items())),
+            "checks_passed": sum(
+                r.get("checks", 0)
+                for c in range(self.cycles_done)
+                for r in self.results[c].values()
+            ),
+            "one_sided_skipped": any(
+                r.get("skipped") for c in range(self.cycles_done) for r in self.results[c].values()
+            ),
+            "respawns": self.spawns - WORLD_SIZE,
+            "detection_s": detection,
+            "cycle_seconds_max": max(cycle_seconds, default=0.0),
+            "resources": resources_report,
+            "elapsed_s": round(time.monotonic() - self.start, 1),
+            "failures": self.failures,
+            "logs": str(self.log_dir),
+        }
+        if self.failures:
+            report["log_tails"] = {str(p): log_tail(p) for p in self.logs[-3:]}
+        return report
+
+
+def orchestrate(args: argparse.Namespace) -> int:
+    out = Path(args.out).resolve()
+    log_dir = out.parent / f"{out.stem}_logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    # SIGTERM (a test's cleanup, say) unwinds through the finally below: workers stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
+    )
+    soak = Soak(args, store, log_dir)
+    try:
+        soak.run()
+    except BaseException as error:
+        soak.fail(f"orchestrator: {type(error).__name__}: {error}", fatal=True)
+        raise
+    finally:
+        soak.stop_workers()
+        report = soak.report()
+        out.write_text(json.dumps(report, indent=1) + "\n")
+        summary = {k: report[k] for k in ("ok", "cycles_run", "faults", "respawns", "elapsed_s")}
+        summary["max_detection_s"] = {
+            name: v["max"] for name, v in report["detection_s"]["by_fault"].items()
+        }
+        summary["failures"] = report["failures"][:20]
+        print(json.dumps(summary), flush=True)
+    return 0 if report["ok"] else 1
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cycles", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="soak_report.json")
+    parser.add_argument("--timeout-s", type=float, default=3.0, help="the groups' timeout")
+    parser.add_argument(
+        "--slack-s", type=float, default=2.0, help="allowed past the timeout to surface a fault"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=len(WARMUP_FAULTS), help="cycles before the baseline"
+    )
+    parser.add_argument("--cycle-deadline-s", type=float, default=60.0)
+    # One cuMem granule is 2 MiB. After warm-up, CUDA's lazy module loading and the driver's
+    # own pools may still take a few granules once; a leaked communicator costs far more (NCCL's
+    # channel buffers alone are tens to hundreds of MiB on NVLink), and a leak of one granule a
+    # cycle passes 16 MiB within 9 measured cycles.
+    parser.add_argument("--mem-tolerance-mib", type=float, default=16.0)
+    parser.add_argument("--fd-tolerance", type=int, default=0)
+    parser.add_argument("--thread-tolerance", type=int, default=0)
+    # worker mode (started by the orchestrator)
+    parser.add_argument("--worker-rank", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--first-cycle", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.cycles < 1 or args.warmup < 0:
+        parser.error("--cycles must be positive and --warmup not negative")
+    return args
+
+
+if __name__ == "__main__":
+    arguments = parse_args()
+    if arguments.worker_rank is None:
+        sys.exit(orchestrate(arguments))
+    sys.exit(worker_main(arguments))
