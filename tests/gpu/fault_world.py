@@ -324,6 +324,19 @@ def spin_while(alive: Callable[[], bool], limit_s: float = THREAD_LIMIT_S) -> di
     return {"spin_s": last - start, "longest_stall_s": longest, "iterations": iterations}
 
 
+def beside_spin(fn: Callable[[], object], name: str, works: list | None = None) -> dict:
+    """Runs `fn` on a worker thread while this thread spins in Python, then lets go of `works`
+    (the queued ops' Work) and waits for the device: the worker's report and the spin's."""
+    worker = Worker(fn, name)
+    worker.start()
+    spin = spin_while(worker.is_alive)
+    worker.join(THREAD_LIMIT_S)
+    if works is not None:
+        works.clear()
+    torch.cuda.synchronize(DEVICE)
+    return {**worker.report(), **spin, "result": worker.result}
+
+
 def meet(job_store, name: str, timeout_s: float = 60.0) -> bool:
     """A store barrier that gives up after `timeout_s` (or at once when the peer's store is
     gone), so that no rank waits forever for a peer that hung or crashed."""
@@ -358,13 +371,8 @@ def destroy_world_on_thread(job_store) -> dict:
         dist.destroy_process_group()
         gc.collect()  # the group's last reference may sit in a cycle: its backend goes here
 
-    worker = Worker(destroy, "destroyer")
-    worker.start()
-    spin = spin_while(worker.is_alive)
-    worker.join(THREAD_LIMIT_S)
-    del works
-    torch.cuda.synchronize(DEVICE)
-    return {**worker.report(), **spin, "correct": all_summed(tensors)}
+    outcome = beside_spin(destroy, "destroyer", works)
+    return {**outcome, "correct": all_summed(tensors)}
 
 
 def drop_subgroup_on_thread(job_store) -> dict:
@@ -385,13 +393,7 @@ def drop_subgroup_on_thread(job_store) -> dict:
         holder.clear()  # the last references: the group and its backend
         gc.collect()
 
-    worker = Worker(drop, "dropper")
-    worker.start()
-    spin = spin_while(worker.is_alive)
-    worker.join(THREAD_LIMIT_S)
-    del works
-    torch.cuda.synchronize(DEVICE)
-    report = {**worker.report(), **spin}
+    report = beside_spin(drop, "dropper", works)
     report["correct"] = all_summed(tensors) and bool((probe_sub == summed(1.0)).all())
     report["default_after"] = probe()
     dist.destroy_process_group()
@@ -421,14 +423,9 @@ def drop_backend_on_thread(job_store) -> dict:
         holder.clear()  # the last reference: ~NcclCoreBackend runs on this thread
         gc.collect()
 
-    worker = Worker(drop, "dropper")
-    worker.start()
-    spin = spin_while(worker.is_alive)
-    worker.join(THREAD_LIMIT_S)
-    del works
-    torch.cuda.synchronize(DEVICE)
+    outcome = beside_spin(drop, "dropper", works)
     correct = all_summed(tensors) and bool((first == summed(1.0)).all())
-    return {**worker.report(), **spin, "correct": correct}
+    return {**outcome, "correct": correct}
 
 
 def _nccl_memory_in_use() -> tuple[torch.Tensor, torch.Tensor]:
@@ -464,12 +461,8 @@ def free_nccl_memory_on_thread(job_store) -> dict:
         counts["after"] = comm._resource_count()
         return seconds
 
-    worker = Worker(free, "freer")
-    worker.start()
-    spin = spin_while(worker.is_alive)
-    worker.join(THREAD_LIMIT_S)
-    torch.cuda.synchronize(DEVICE)
-    report = {**worker.report(), **spin, "free_s": worker.result}
+    report = beside_spin(free, "freer")
+    report["free_s"] = report.pop("result")
     report["freed_on_thread"] = counts.get("after", 1) < counts.get("before", 0)
     report["correct"] = bool((copy == summed(1.0)).all()) and probe()
     dist.destroy_process_group()
