@@ -136,8 +136,14 @@ FakeNccl::FakeNccl() {
 }
 
 FakeNccl::~FakeNccl() {
-  installNcclApi(nullptr);
-  installedFake.store(nullptr);
+  uninstall();
+}
+
+void FakeNccl::uninstall() {
+  FakeNccl* expected = this;
+  if (installedFake.compare_exchange_strong(expected, nullptr)) {
+    installNcclApi(nullptr);
+  }
 }
 
 FakeNccl& FakeNccl::current() {

@@ -26,6 +26,9 @@ class FakeNccl {
   FakeNccl& operator=(const FakeNccl&) = delete;
   // Reinstalls NCCL's own table.
   ~FakeNccl();
+  // Reinstalls NCCL's own table now, not whenever Python frees the fake (a
+  // traceback cycle can keep it alive); idempotent.
+  void uninstall();
 
   // Calls of `call` ("ncclCommSplit", ...) wait inside NCCL until released.
   void hold(const std::string& call);

@@ -8,6 +8,7 @@ a call on a freed communicator) is counted. So this runs in CI, which has no GPU
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from datetime import timedelta
@@ -24,13 +25,15 @@ NCCL_REMOTE_ERROR = 6  # ncclRemoteError
 
 @pytest.fixture
 def fake():
-    fake = testing.FakeNccl()
-    yield fake
-    # Every communicator a test made must be gone before real NCCL is back.
-    assert fake.live == 0
-    assert fake.aborted_under_call == 0
-    assert fake.used_after_free == 0
-    del fake
+    with testing.FakeNccl() as fake:
+        yield fake
+        # A raised error's traceback keeps the test's frame, and so its
+        # communicators, in a cycle: free them while the fake is installed.
+        gc.collect()
+        # Every communicator a test made must be gone before real NCCL is back.
+        assert fake.live == 0
+        assert fake.aborted_under_call == 0
+        assert fake.used_after_free == 0
 
 
 def create(timeout_s: float = 5.0, blocking: bool = False, label: str = "group 'g'"):
