@@ -131,7 +131,7 @@ void NcclCoreBackend::initCommunicator(at::Device device) {
           id,
           device.index(),
           options_->toNcclConfig(),
-          timeout_,
+          timeout_.load(),
           c10::str("group '", *groupName_, "'"),
           [this](const std::shared_ptr<Communicator>& started) {
             {
@@ -163,14 +163,17 @@ void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
   stream_ = c10::cuda::getStreamFromPool(options_->highPriorityStream, device);
   ready_ = events_->acquire();
   std::lock_guard<std::mutex> lock(initMutex_);
+  // Read under the lock that setTimeout takes: neither misses a new timeout.
+  comm_->setTimeout(timeout_.load());
   watchdog_ = std::make_unique<Watchdog>(
       comm_,
       failure_,
       store_,
       *groupName_,
       storeKey("abort"),
-      timeout_,
-      events_);
+      timeout_.load(),
+      events_,
+      abortHooks_);
   oneSidedLink_ = std::make_unique<OneSidedLink>(*comm_, *this);
 }
 
@@ -276,7 +279,7 @@ c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::split(
   const bool member = me != ranks.end();
   auto childOptions = std::make_shared<NcclCoreOptions>(*options_);
   const std::chrono::milliseconds childTimeout =
-      opts && opts->timeout.count() > 0 ? opts->timeout : timeout_;
+      opts && opts->timeout.count() > 0 ? opts->timeout : timeout_.load();
   const std::string childName =
       opts ? opts->group_name : *groupName_ + ":split";
   // Every rank of the parent takes part; non-members pass no color.
@@ -306,7 +309,33 @@ void NcclCoreBackend::eagerConnectSingleDevice(at::Device device) {
 
 c10::intrusive_ptr<c10d::Backend::Options>
 NcclCoreBackend::getBackendOptions() {
-  return c10::make_intrusive<GroupOptions>(timeout_, *groupName_);
+  return c10::make_intrusive<GroupOptions>(timeout_.load(), *groupName_);
+}
+
+#ifdef C10D_BACKEND_HAS_HOOKS
+void NcclCoreBackend::registerAbortHook(int64_t id, c10d::AbortHook hook) {
+  abortHooks_->add(id, std::move(hook));
+}
+
+void NcclCoreBackend::unregisterAbortHook(int64_t id) {
+  abortHooks_->remove(id);
+}
+#endif
+
+void NcclCoreBackend::setTimeout(std::chrono::milliseconds timeout) {
+  TORCH_CHECK_VALUE(
+      timeout.count() > 0,
+      "nccl_core set_timeout: the timeout of group '",
+      *groupName_,
+      "' must be positive, got ",
+      timeout.count(),
+      " ms");
+  timeout_.store(timeout);
+  std::lock_guard<std::mutex> lock(initMutex_);
+  if (watchdog_) {
+    watchdog_->setTimeout(timeout);
+    comm_->setTimeout(timeout);
+  }
 }
 
 c10d::ErrorType NcclCoreBackend::getError() {
@@ -338,7 +367,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::endCoalescing() {
         deviceForOpWithoutTensors({}),
         groupName_,
         EventPool::Event{},
-        timeout_,
+        timeout_.load(),
         std::vector<at::Tensor>{},
         std::vector<at::Tensor>{},
         false);
@@ -358,7 +387,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::endCoalescing() {
       *coalescedDevice_,
       groupName_,
       std::move(end),
-      timeout_,
+      timeout_.load(),
       tensors,
       tensors,
       false);
@@ -417,17 +446,18 @@ bool NcclCoreBackend::idleOrBroken() noexcept {
 }
 
 void NcclCoreBackend::shutdown() {
+  const std::chrono::milliseconds timeout = timeout_.load();
   if (watchdog_ && !failure_->failed()) {
     // Every enqueued op, synchronous ones on the caller's streams included,
     // finishes before NCCL goes: aborting under an op a peer is about to
     // join would end it early and leave wrong results. The watchdog fails a
     // stuck op at its timeout, so this wait is bounded.
     const auto deadline =
-        std::chrono::steady_clock::now() + timeout_ + kShutdownSlack;
+        std::chrono::steady_clock::now() + timeout + kShutdownSlack;
     while (!failure_->failed() && !idleOrBroken()) {
       if (std::chrono::steady_clock::now() > deadline) {
         LOG(ERROR) << "[nccl_core] group '" << *groupName_
-                   << "' still has unfinished ops " << timeout_.count()
+                   << "' still has unfinished ops " << timeout.count()
                    << " ms (its timeout) plus "
                    << std::chrono::seconds(kShutdownSlack).count()
                    << " s into shutdown; aborting it";

@@ -7,13 +7,16 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/headeronly/version.h>
 
+#include <atomic>
 #include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 
+#include "backend/abort_hooks.h"
 #include "backend/copy_engine_reduce_scatter.h"
 #include "backend/event_pool.h"
 #include "backend/failure.h"
@@ -154,6 +157,20 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   void eagerConnectSingleDevice(at::Device device) override;
   c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override;
   c10d::ErrorType getError() override;
+  // The timeout of ops issued from now on, of synchronous ops in flight, and
+  // of the communicator's later nonblocking calls (dist.set_timeout).
+  void setTimeout(std::chrono::milliseconds timeout) override;
+#ifdef C10D_BACKEND_HAS_HOOKS
+  // Run by the watchdog before it aborts the group on a timeout, an NCCL
+  // error or a peer's abort (not on abort() or shutdown()).
+  void registerAbortHook(int64_t id, c10d::AbortHook hook) override;
+  void unregisterAbortHook(int64_t id) override;
+#endif
+#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 15
+  bool supportsAbortHooks() const override {
+    return true;
+  }
+#endif
   void abort() override;
   void shutdown() override;
 
@@ -227,7 +244,7 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   const c10::intrusive_ptr<c10d::Store> store_;
   const std::shared_ptr<const std::string> groupName_;
   const std::shared_ptr<const NcclCoreOptions> options_;
-  const std::chrono::milliseconds timeout_;
+  std::atomic<std::chrono::milliseconds> timeout_;
   // This rank in the default group, for the device of a group that is bound
   // to none (rank % device count, as torch's NCCL backend guesses).
   const int globalRank_;
@@ -236,6 +253,8 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   const int64_t incarnation_;
 
   std::shared_ptr<FailureState> failure_ = std::make_shared<FailureState>();
+  const std::shared_ptr<AbortHooks> abortHooks_ =
+      std::make_shared<AbortHooks>();
   std::shared_ptr<Communicator> comm_;
   // A communicator still initializing, for abort() from another thread; and
   // the guard of it and of watchdog_ between the two.

@@ -89,7 +89,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
           : communicator(device);
   const OpInfo info{type, name, ++seq_};
   if (timeout == c10d::kUnsetTimeout) {
-    timeout = timeout_;
+    timeout = timeout_.load();
   }
   const c10::cuda::CUDAStream current =
       c10::cuda::getCurrentCUDAStream(device.index());

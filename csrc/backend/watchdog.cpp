@@ -33,9 +33,11 @@ Watchdog::Watchdog(
     std::string groupName,
     std::string abortKey,
     std::chrono::milliseconds timeout,
-    std::shared_ptr<EventPool> events)
+    std::shared_ptr<EventPool> events,
+    std::shared_ptr<AbortHooks> abortHooks)
     : comm_(std::move(comm)),
       failure_(std::move(failure)),
+      abortHooks_(std::move(abortHooks)),
       store_(std::move(store)),
       groupName_(std::move(groupName)),
       abortKey_(std::move(abortKey)),
@@ -122,6 +124,8 @@ void Watchdog::fail(const std::string& reason, bool tellPeers) {
 void Watchdog::trip(const std::string& reason, bool tellPeers) {
   if (!failure_->failed()) {
     LOG(ERROR) << "[nccl_core] " << reason;
+    // Before the abort: hooks see the group as it failed (torch's contract).
+    abortHooks_->run(groupName_);
   }
   fail(reason, tellPeers);
 }
@@ -222,7 +226,8 @@ void Watchdog::poll() {
 
 void Watchdog::checkSyncOps(std::chrono::steady_clock::time_point now) {
   const auto oldest = syncOps_.oldestUnfinished(now);
-  if (!oldest || oldest->age <= timeout_) {
+  const std::chrono::milliseconds timeout = timeout_.load();
+  if (!oldest || oldest->age <= timeout) {
     return;
   }
   trip(
@@ -240,7 +245,7 @@ void Watchdog::checkSyncOps(std::chrono::steady_clock::time_point now) {
           std::chrono::duration_cast<std::chrono::milliseconds>(oldest->age)
               .count(),
           " ms (timeout ",
-          timeout_.count(),
+          timeout.count(),
           " ms); communicator aborted"),
       true);
 }

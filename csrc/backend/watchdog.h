@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/abort_hooks.h"
 #include "backend/event_pool.h"
 #include "backend/failure.h"
 #include "backend/sync_ops.h"
@@ -41,7 +42,8 @@ class Watchdog {
       std::string groupName,
       std::string abortKey,
       std::chrono::milliseconds timeout,
-      std::shared_ptr<EventPool> events);
+      std::shared_ptr<EventPool> events,
+      std::shared_ptr<AbortHooks> abortHooks);
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
   ~Watchdog();
@@ -62,6 +64,12 @@ class Watchdog {
   // `tellPeers`) asks the other ranks to abort too. Idempotent.
   void fail(const std::string& reason, bool tellPeers);
 
+  // The age at which a synchronous op fails, from the next poll on; async
+  // Work keeps the timeout it was issued with.
+  void setTimeout(std::chrono::milliseconds timeout) {
+    timeout_.store(timeout, std::memory_order_relaxed);
+  }
+
   // Fails and drops work not yet completed, then joins the thread.
   void stop();
 
@@ -78,7 +86,8 @@ class Watchdog {
   }
 
  private:
-  // fail(), logged: for failures the watchdog itself detects.
+  // fail(), logged and after the abort hooks: for failures the watchdog
+  // itself detects (a timeout, an NCCL error, a peer's abort).
   void trip(const std::string& reason, bool tellPeers);
   void retire(c10::intrusive_ptr<NcclWork> work);
   void reapRetiredSlow();
@@ -89,10 +98,11 @@ class Watchdog {
 
   const std::shared_ptr<Communicator> comm_;
   const std::shared_ptr<FailureState> failure_;
+  const std::shared_ptr<AbortHooks> abortHooks_;
   const c10::intrusive_ptr<c10d::Store> store_;
   const std::string groupName_;
   const std::string abortKey_;
-  const std::chrono::milliseconds timeout_;
+  std::atomic<std::chrono::milliseconds> timeout_;
 
   std::mutex mutex_;
   std::condition_variable wake_;

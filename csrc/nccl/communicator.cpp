@@ -86,7 +86,13 @@ std::shared_ptr<Communicator> Communicator::split(
   NCCL_CORE_CHECK(nccl().commUserRank(child, &childRank));
   NCCL_CORE_CHECK(nccl().commCount(child, &childSize));
   auto adopted = adopt(
-      child, childRank, childSize, device_, config, timeout_, std::move(label));
+      child,
+      childRank,
+      childSize,
+      device_,
+      config,
+      timeout(),
+      std::move(label));
   get(); // aborted meanwhile: the split fails, and the child goes with it
   return adopted;
 }
@@ -181,7 +187,7 @@ void Communicator::check(ncclResult_t result, const char* call) {
 }
 
 std::optional<ncclResult_t> Communicator::pollUntilSettled() {
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  const auto deadline = std::chrono::steady_clock::now() + timeout();
   while (true) {
     ncclResult_t state = ncclSuccess;
     ncclResult_t result = ncclSuccess;
@@ -215,7 +221,7 @@ ncclResult_t Communicator::settle(const char* call) {
           " on the NCCL communicator of ",
           label_,
           " did not complete within ",
-          timeout_.count(),
+          timeout().count(),
           " ms; the communicator was aborted"));
 }
 

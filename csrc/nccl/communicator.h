@@ -93,6 +93,14 @@ class Communicator final : public AllocationObserver,
   bool isAborted() const {
     return aborted_.load(std::memory_order_acquire);
   }
+  // How long a nonblocking call may stay in progress before the communicator
+  // is aborted.
+  std::chrono::milliseconds timeout() const {
+    return timeout_.load(std::memory_order_relaxed);
+  }
+  void setTimeout(std::chrono::milliseconds timeout) {
+    timeout_.store(timeout, std::memory_order_relaxed);
+  }
 
   // Raises DistBackendError naming `call` unless `result` is a success. On a
   // nonblocking communicator ncclInProgress is waited for first.
@@ -211,7 +219,7 @@ class Communicator final : public AllocationObserver,
   const int size_;
   const int device_;
   const bool nonblocking_;
-  const std::chrono::milliseconds timeout_;
+  std::atomic<std::chrono::milliseconds> timeout_;
   const std::string label_;
   // The config it was made with (strings owned here), for the twin.
   const std::string netName_;

@@ -208,13 +208,13 @@ void bindBackend(py::module_& m) {
           "nccl_options",
           [](const NcclCoreBackend& b) { return NcclCoreOptions(b.options()); },
           "The torch_nccl_core.Options this group was created with.")
-      // torch 2.11 calls this on the default group's backend on ranks outside
-      // a new group. nccl_core creates new groups from their own unique id,
-      // not by splitting the default one, so there is nothing to take part in.
       .def_property_readonly(
           "options",
           [](NcclCoreBackend& b) { return b.getBackendOptions(); },
           "The group's torch.distributed options (timeout, group name).")
+      // torch 2.11 calls this on the default group's backend on ranks outside
+      // a new group. nccl_core creates new groups from their own unique id,
+      // not by splitting the default one, so there is nothing to take part in.
       .def(
           "perform_nocolor_split",
           [](NcclCoreBackend&, const at::Device&) {},

@@ -3,10 +3,12 @@
 #include "python/testing_bindings.h"
 
 #include <pybind11/chrono.h>
+#include <pybind11/functional.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -103,7 +105,8 @@ class WatchdogUnderTest {
             std::move(group),
             std::move(abortKey),
             timeout,
-            std::make_shared<EventPool>(0)) {}
+            std::make_shared<EventPool>(0),
+            hooks_) {}
 
   std::optional<std::string> failure() const {
     return failure_->failed() ? std::optional(failure_->message())
@@ -112,9 +115,13 @@ class WatchdogUnderTest {
   void stop() {
     watchdog_.stop();
   }
+  void addAbortHook(int64_t id, std::function<void()> hook) {
+    hooks_->add(id, std::move(hook));
+  }
 
  private:
   std::shared_ptr<FailureState> failure_;
+  std::shared_ptr<AbortHooks> hooks_ = std::make_shared<AbortHooks>();
   Watchdog watchdog_;
 };
 
@@ -190,6 +197,11 @@ void bindFakeNccl(py::module_& testing) {
           py::arg("abort_key"),
           py::arg("timeout"))
       .def_property_readonly("failure", &WatchdogUnderTest::failure)
+      .def(
+          "add_abort_hook",
+          &WatchdogUnderTest::addAbortHook,
+          py::arg("id"),
+          py::arg("hook"))
       .def("stop", &WatchdogUnderTest::stop, release);
 }
 

@@ -161,6 +161,25 @@ def test_watchdog_follows_a_peers_abort(fake):
     dog.stop()
 
 
+def test_abort_hooks_run_in_id_order_before_the_abort(fake):
+    """c10d's abort hooks (torch >= 2.14): run before ncclCommAbort, a failing one is logged."""
+    comm = create()
+    dog = watchdog(comm, dist.HashStore())
+    seen = []
+
+    def failing():
+        raise RuntimeError("a hook that fails")
+
+    dog.add_abort_hook(2, lambda: seen.append(("second", fake.calls("ncclCommAbort"))))
+    dog.add_abort_hook(1, failing)
+    dog.add_abort_hook(0, lambda: seen.append(("first", fake.calls("ncclCommAbort"))))
+    fake.set_async_error(NCCL_REMOTE_ERROR)
+    wait_for(lambda: dog.failure is not None)
+    assert seen == [("first", 0), ("second", 0)]
+    assert fake.calls("ncclCommAbort") == 1
+    dog.stop()
+
+
 def test_watchdog_stops_without_touching_a_healthy_communicator(fake):
     comm = create()
     dog = watchdog(comm, dist.HashStore())

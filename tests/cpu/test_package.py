@@ -133,6 +133,30 @@ def test_pg_options_of_the_wrong_type_raise(single_rank_group):
         dist.new_group([0], backend="nccl_core", pg_options=object())
 
 
+def test_set_timeout_reaches_the_backend(single_rank_group):
+    """The group's timeout follows set_timeout (dist.set_timeout in torch >= 2.12)."""
+    backend = dist.group.WORLD._get_backend(torch.device("cuda"))
+    dist.group.WORLD.set_timeout(datetime.timedelta(seconds=7))
+    assert backend.options._timeout == datetime.timedelta(seconds=7)
+    with pytest.raises(ValueError, match="must be positive"):
+        backend.set_timeout(datetime.timedelta(0))
+    assert backend.options._timeout == datetime.timedelta(seconds=7)
+
+
+@pytest.mark.skipif(
+    not hasattr(torch._C._distributed_c10d.Backend, "register_abort_hook"),
+    reason="c10d abort hooks need torch >= 2.14",
+)
+def test_abort_hooks_can_be_registered(single_rank_group):
+    """torch's abort-hook API reaches the backend (the watchdog runs them: test_fake_nccl)."""
+    backend = dist.group.WORLD._get_backend(torch.device("cuda"))
+    backend.register_abort_hook(7, lambda: None)
+    backend.unregister_abort_hook(7)
+    backend.unregister_abort_hook(7)  # an unknown id is no error
+    if hasattr(backend, "supports_abort_hooks"):  # torch >= 2.15
+        assert backend.supports_abort_hooks()
+
+
 def test_backend_rejects_bad_rank(tmp_path):
     store = dist.FileStore(os.fspath(tmp_path / "store"), 1)
     with pytest.raises(ValueError, match="invalid rank 2 for size 2"):

@@ -37,9 +37,19 @@ def _lonely_all_reduce(group, async_op: bool) -> tuple[BaseException | None, flo
     return error, time.monotonic() - start
 
 
+def _group_timing_out_after(timeout: timedelta, how: str) -> dist.ProcessGroup:
+    """A new nccl_core group whose timeout is `timeout`, given at creation or set later."""
+    if how == "new_group":
+        return dist.new_group(backend="nccl_core", timeout=timeout)
+    group = dist.new_group(backend="nccl_core", timeout=HOST_WAIT * 2)
+    group.set_timeout(timeout)  # dist.set_timeout(timeout, group) from torch 2.12 on
+    return group
+
+
+@pytest.mark.parametrize("how", ["new_group", "set_timeout"])
 @pytest.mark.parametrize("async_op", ASYNC_MODES)
-def test_collective_skipped_by_a_peer_times_out(rank, async_op):
-    group = dist.new_group(backend="nccl_core", timeout=GROUP_TIMEOUT)
+def test_collective_skipped_by_a_peer_times_out(rank, async_op, how):
+    group = _group_timing_out_after(GROUP_TIMEOUT, how)
     warm_up = probe_group(group)  # the communicator works on both ranks before rank 1 goes quiet
     error = later = None
     elapsed = 0.0
