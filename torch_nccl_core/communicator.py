@@ -31,9 +31,9 @@ class WindowFlag(enum.IntFlag):
 
     DEFAULT = 0
     #: Collectives on the window may use NCCL's symmetric kernels.
-    COLL_SYMMETRIC = 1
+    COLL_SYMMETRIC = _C.NCCL_WIN_COLL_SYMMETRIC
     #: Strict ordering of operations on the window (NCCL >= 2.29).
-    STRICT_ORDERING = 2
+    STRICT_ORDERING = _C.NCCL_WIN_STRICT_ORDERING
 
 
 def communicator(group: dist.ProcessGroup | None = None) -> Communicator:

@@ -11,9 +11,10 @@
 #include <cstring>
 #include <thread>
 
-#include "backend/dispatch.h"
+#include "backend/arguments.h"
 #include "backend/launch.h"
 #include "nccl/api.h"
+#include "nccl/errors.h"
 
 namespace nccl_core {
 
@@ -88,15 +89,13 @@ NcclCoreBackend::sharedCommunicator(std::optional<at::Device> device) {
   return comm_;
 }
 
-c10::DeviceIndex NcclCoreBackend::checkedDevice(
+c10::DeviceIndex NcclCoreBackend::deviceForOp(
     const at::Tensor& tensor,
     const char* op,
     const char* what) {
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       tensor.defined() && tensor.is_cuda(),
-      "nccl_core ",
       op,
-      ": ",
       what,
       " must be a CUDA tensor, got ",
       tensor.defined() ? c10::str("one on ", tensor.device())
@@ -323,9 +322,10 @@ void NcclCoreBackend::unregisterAbortHook(int64_t id) {
 #endif
 
 void NcclCoreBackend::setTimeout(std::chrono::milliseconds timeout) {
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       timeout.count() > 0,
-      "nccl_core set_timeout: the timeout of group '",
+      "set_timeout",
+      "the timeout of group '",
       *groupName_,
       "' must be positive, got ",
       timeout.count(),

@@ -1,6 +1,6 @@
 // The nccl_core c10d::Backend: one NCCL communicator per group. Every op is
 // "check arguments, pick the stream, enqueue through the communicator, return
-// Work"; the shared steps live in launch() and dispatch.h.
+// Work"; the shared steps live in launch() and arguments.h.
 #pragma once
 
 #include <ATen/cuda/MemPool.h>
@@ -44,6 +44,17 @@ struct LaunchOptions {
   // window-free twin (backend/routing.h). Not for ops bound to one
   // communicator (custom reduce ops).
   bool routable = false;
+
+  static LaunchOptions routed(bool routable = true) {
+    LaunchOptions options;
+    options.routable = routable;
+    return options;
+  }
+  static LaunchOptions blockingHost() {
+    LaunchOptions options;
+    options.blocksHost = true;
+    return options;
+  }
 };
 
 class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
@@ -214,10 +225,11 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
       Enqueue&& enqueue,
       LaunchOptions launchOptions = {});
 
-  // Checks that `tensor` is a CUDA tensor fit for NCCL, creating the
-  // communicator on its device on first use; returns that device.
+  // The device an op on `tensor` runs on: the communicator's, which the
+  // first op creates on the tensor's device. Checks that `tensor` is a CUDA
+  // tensor fit for NCCL there (`what` names it in errors).
   c10::DeviceIndex
-  checkedDevice(const at::Tensor& tensor, const char* op, const char* what);
+  deviceForOp(const at::Tensor& tensor, const char* op, const char* what);
 
   // The copy-engine path for a reduce-scatter into `output` on `stream`, or
   // null where NCCL's kernel runs it (Options.copy_engine_reduce_scatter).

@@ -2,9 +2,11 @@
 // launch() the NCCL calls to enqueue.
 #include <memory>
 
-#include "backend/dispatch.h"
+#include "backend/arguments.h"
 #include "backend/launch.h"
+#include "backend/reduce_op.h"
 #include "nccl/api.h"
+#include "nccl/errors.h"
 
 namespace nccl_core {
 
@@ -16,7 +18,7 @@ NcclBuffer bytesOf(const at::Tensor& tensor) {
 }
 
 std::vector<at::Tensor>
-withFactor(std::vector<at::Tensor> tensors, const ReduceOp& op) {
+withFactor(std::vector<at::Tensor> tensors, const NcclReduceOp& op) {
   if (op.factor().defined()) {
     tensors.push_back(op.factor());
   }
@@ -28,11 +30,9 @@ void checkNumel(
     int64_t expected,
     const char* op,
     const char* what) {
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       tensor.numel() == expected,
-      "nccl_core ",
       op,
-      ": ",
       what,
       " has ",
       tensor.numel(),
@@ -41,11 +41,10 @@ void checkNumel(
 }
 
 void checkRootTensor(int64_t rootTensor, const char* op) {
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       rootTensor == 0,
-      "nccl_core ",
       op,
-      ": rootTensor must be 0 (one tensor per process), got ",
+      "rootTensor must be 0 (one tensor per process), got ",
       rootTensor);
 }
 
@@ -57,7 +56,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::broadcast(
   const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "broadcast";
   const at::Tensor& tensor = singleTensor(tensors, kOp, "tensor");
-  checkedDevice(tensor, kOp, "tensor");
+  deviceForOp(tensor, kOp, "tensor");
   checkRank(opts.rootRank, getSize(), kOp, "root");
   checkRootTensor(opts.rootTensor, kOp);
   const NcclBuffer buf = bytesOf(tensor);
@@ -74,7 +73,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::broadcast(
         return nccl().broadcast(
             buf.ptr, buf.ptr, buf.count, buf.dtype, root, comm, stream);
       },
-      LaunchOptions{false, /*routable=*/true});
+      LaunchOptions::routed());
 }
 
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce(
@@ -83,9 +82,9 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce(
   const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "allreduce";
   const at::Tensor& tensor = singleTensor(tensors, kOp, "tensor");
-  checkedDevice(tensor, kOp, "tensor");
+  deviceForOp(tensor, kOp, "tensor");
   const NcclBuffer buf = bufferOf(tensor, kOp);
-  const ReduceOp op(opts.reduceOp, tensor, *comm_, kOp);
+  const NcclReduceOp op(opts.reduceOp, tensor, *comm_, kOp);
   return launch(
       c10d::OpType::ALLREDUCE,
       kOp,
@@ -98,7 +97,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce(
         return nccl().allReduce(
             buf.ptr, buf.ptr, buf.count, buf.dtype, op.get(), comm, stream);
       },
-      LaunchOptions{false, op.isBuiltin()});
+      LaunchOptions::routed(op.isBuiltin()));
 }
 
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce_coalesced(
@@ -106,21 +105,19 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce_coalesced(
     const c10d::AllreduceCoalescedOptions& opts) {
   const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "allreduce_coalesced";
-  TORCH_CHECK_VALUE(
-      !tensors.empty(), "nccl_core ", kOp, ": expected at least one tensor");
+  NCCL_CORE_CHECK_ARG(!tensors.empty(), kOp, "expected at least one tensor");
   std::vector<NcclBuffer> bufs;
-  std::vector<std::unique_ptr<ReduceOp>> ops;
+  std::vector<std::unique_ptr<NcclReduceOp>> ops;
   std::vector<at::Tensor> factors;
   for (const auto& tensor : tensors) {
-    checkedDevice(tensor, kOp, "tensor");
-    TORCH_CHECK_VALUE(
+    deviceForOp(tensor, kOp, "tensor");
+    NCCL_CORE_CHECK_ARG(
         tensor.device() == tensors.front().device(),
-        "nccl_core ",
         kOp,
-        ": all tensors must be on one device");
+        "all tensors must be on one device");
     bufs.push_back(bufferOf(tensor, kOp));
     ops.push_back(
-        std::make_unique<ReduceOp>(opts.reduceOp, tensor, *comm_, kOp));
+        std::make_unique<NcclReduceOp>(opts.reduceOp, tensor, *comm_, kOp));
     factors = withFactor(std::move(factors), *ops.back());
   }
   return launch(
@@ -154,11 +151,11 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce(
   const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "reduce";
   const at::Tensor& tensor = singleTensor(tensors, kOp, "tensor");
-  checkedDevice(tensor, kOp, "tensor");
+  deviceForOp(tensor, kOp, "tensor");
   checkRank(opts.rootRank, getSize(), kOp, "root");
   checkRootTensor(opts.rootTensor, kOp);
   const NcclBuffer buf = bufferOf(tensor, kOp);
-  const ReduceOp op(opts.reduceOp, tensor, *comm_, kOp);
+  const NcclReduceOp op(opts.reduceOp, tensor, *comm_, kOp);
   const int root = static_cast<int>(opts.rootRank);
   return launch(
       c10d::OpType::REDUCE,
@@ -188,12 +185,11 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather(
   const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "allgather";
   const at::Tensor& input = singleTensor(inputs, kOp, "input");
-  const c10::DeviceIndex device = checkedDevice(input, kOp, "input");
-  TORCH_CHECK_VALUE(
+  const c10::DeviceIndex device = deviceForOp(input, kOp, "input");
+  NCCL_CORE_CHECK_ARG(
       outputs.size() == 1,
-      "nccl_core ",
       kOp,
-      ": expected one output list, got ",
+      "expected one output list, got ",
       outputs.size());
   std::vector<at::Tensor>& list = outputs.front();
   checkPerRankList(
@@ -228,7 +224,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::_allgather_base(
     const c10d::AllgatherOptions& opts) {
   const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "allgather_into_tensor";
-  const c10::DeviceIndex device = checkedDevice(input, kOp, "input");
+  const c10::DeviceIndex device = deviceForOp(input, kOp, "input");
   checkTensor(output, device, kOp, "output");
   checkSameDtype(input, output, kOp);
   checkNumel(output, input.numel() * getSize(), kOp, "output");
@@ -245,7 +241,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::_allgather_base(
       [&](ncclComm_t comm, cudaStream_t stream) {
         return nccl().allGather(in.ptr, out, in.count, in.dtype, comm, stream);
       },
-      LaunchOptions{false, /*routable=*/true});
+      LaunchOptions::routed());
 }
 
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather_coalesced(
@@ -254,25 +250,22 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather_coalesced(
     const c10d::AllgatherOptions& opts) {
   const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "allgather_coalesced";
-  TORCH_CHECK_VALUE(
-      !inputs.empty(), "nccl_core ", kOp, ": expected at least one input");
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(!inputs.empty(), kOp, "expected at least one input");
+  NCCL_CORE_CHECK_ARG(
       static_cast<int>(outputLists.size()) == getSize(),
-      "nccl_core ",
       kOp,
-      ": expected one output list per rank (",
+      "expected one output list per rank (",
       getSize(),
       "), got ",
       outputLists.size());
   std::vector<at::Tensor> outputs;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const c10::DeviceIndex device = checkedDevice(inputs[i], kOp, "input");
+    const c10::DeviceIndex device = deviceForOp(inputs[i], kOp, "input");
     for (auto& list : outputLists) {
-      TORCH_CHECK_VALUE(
+      NCCL_CORE_CHECK_ARG(
           list.size() == inputs.size(),
-          "nccl_core ",
           kOp,
-          ": every output list must hold ",
+          "every output list must hold ",
           inputs.size(),
           " tensors, got ",
           list.size());
@@ -311,16 +304,15 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather_into_tensor_coalesced(
     const c10d::AllgatherOptions& opts) {
   const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "allgather_into_tensor_coalesced";
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       !inputs.empty() && inputs.size() == outputs.size(),
-      "nccl_core ",
       kOp,
-      ": expected as many outputs as inputs (at least one), got ",
+      "expected as many outputs as inputs (at least one), got ",
       outputs.size(),
       " and ",
       inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const c10::DeviceIndex device = checkedDevice(inputs[i], kOp, "input");
+    const c10::DeviceIndex device = deviceForOp(inputs[i], kOp, "input");
     checkTensor(outputs[i], device, kOp, "output");
     checkSameDtype(inputs[i], outputs[i], kOp);
     checkNumel(outputs[i], inputs[i].numel() * getSize(), kOp, "output");
@@ -357,19 +349,15 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter(
   const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "reduce_scatter";
   const at::Tensor& output = singleTensor(outputs, kOp, "output");
-  const c10::DeviceIndex device = checkedDevice(output, kOp, "output");
-  TORCH_CHECK_VALUE(
-      inputs.size() == 1,
-      "nccl_core ",
-      kOp,
-      ": expected one input list, got ",
-      inputs.size());
+  const c10::DeviceIndex device = deviceForOp(output, kOp, "output");
+  NCCL_CORE_CHECK_ARG(
+      inputs.size() == 1, kOp, "expected one input list, got ", inputs.size());
   std::vector<at::Tensor>& list = inputs.front();
   checkPerRankList(
       list, getSize(), device, output.scalar_type(), kOp, "input list");
   checkNumel(list[getRank()], output.numel(), kOp, "this rank's input");
   const NcclBuffer out = bufferOf(output, kOp);
-  const ReduceOp op(opts.reduceOp, output, *comm_, kOp);
+  const NcclReduceOp op(opts.reduceOp, output, *comm_, kOp);
   // One reduce per rank in a group: also handles sizes that differ per rank.
   return launch(
       c10d::OpType::REDUCE_SCATTER,
@@ -421,13 +409,13 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::_reduce_scatter_base(
     const c10d::ReduceScatterOptions& opts) {
   const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "reduce_scatter_tensor";
-  const c10::DeviceIndex device = checkedDevice(input, kOp, "input");
+  const c10::DeviceIndex device = deviceForOp(input, kOp, "input");
   checkTensor(output, device, kOp, "output");
   checkSameDtype(input, output, kOp);
   checkNumel(input, output.numel() * getSize(), kOp, "input");
   const NcclBuffer out = bufferOf(output, kOp);
   void* in = input.data_ptr();
-  const ReduceOp op(opts.reduceOp, output, *comm_, kOp);
+  const NcclReduceOp op(opts.reduceOp, output, *comm_, kOp);
   return launch(
       c10d::OpType::_REDUCE_SCATTER_BASE,
       kOp,
@@ -445,7 +433,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::_reduce_scatter_base(
         return nccl().reduceScatter(
             in, out.ptr, out.count, out.dtype, op.get(), comm, stream);
       },
-      LaunchOptions{false, op.isBuiltin()});
+      LaunchOptions::routed(op.isBuiltin()));
 }
 
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter_tensor_coalesced(
@@ -454,24 +442,23 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter_tensor_coalesced(
     const c10d::ReduceScatterOptions& opts) {
   const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "reduce_scatter_tensor_coalesced";
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       !inputs.empty() && inputs.size() == outputs.size(),
-      "nccl_core ",
       kOp,
-      ": expected as many outputs as inputs (at least one), got ",
+      "expected as many outputs as inputs (at least one), got ",
       outputs.size(),
       " and ",
       inputs.size());
-  std::vector<std::unique_ptr<ReduceOp>> ops;
+  std::vector<std::unique_ptr<NcclReduceOp>> ops;
   std::vector<at::Tensor> stash = inputs;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const c10::DeviceIndex device = checkedDevice(inputs[i], kOp, "input");
+    const c10::DeviceIndex device = deviceForOp(inputs[i], kOp, "input");
     checkTensor(outputs[i], device, kOp, "output");
     checkSameDtype(inputs[i], outputs[i], kOp);
     checkNumel(inputs[i], outputs[i].numel() * getSize(), kOp, "input");
     bufferOf(outputs[i], kOp); // dtype check before any NCCL call
     ops.push_back(
-        std::make_unique<ReduceOp>(opts.reduceOp, outputs[i], *comm_, kOp));
+        std::make_unique<NcclReduceOp>(opts.reduceOp, outputs[i], *comm_, kOp));
     stash = withFactor(std::move(stash), *ops.back());
   }
   return launch(
@@ -525,7 +512,7 @@ NcclCoreBackend::barrier(const c10d::BarrierOptions& opts) {
         return nccl().allReduce(
             token, token, 1, ncclFloat32, ncclSum, comm, stream);
       },
-      LaunchOptions{/*blocksHost=*/true});
+      LaunchOptions::blockingHost());
 }
 
 } // namespace nccl_core

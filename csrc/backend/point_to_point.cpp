@@ -2,10 +2,12 @@
 #include <c10/util/safe_numerics.h>
 
 #include <numeric>
+#include <string>
 
-#include "backend/dispatch.h"
+#include "backend/arguments.h"
 #include "backend/launch.h"
 #include "nccl/api.h"
+#include "nccl/errors.h"
 
 namespace nccl_core {
 
@@ -30,6 +32,88 @@ ncclResult_t recvBytes(
   return nccl().recv(ptr, bytes, ncclUint8, peer, comm, stream);
 }
 
+// A gather (`toRoot`) or a scatter: the root moves list[r] from or to rank
+// r, by a device copy for itself; every other rank sends or receives `mine`.
+struct RootExchange {
+  int root;
+  std::vector<at::Tensor> list; // the root's; empty elsewhere
+  at::Tensor mine;
+  bool toRoot;
+
+  ncclResult_t
+  enqueue(int rank, int size, ncclComm_t comm, cudaStream_t stream) const {
+    NcclGroup group;
+    if (rank != root) {
+      NCCL_CORE_CHECK(
+          toRoot
+              ? sendBytes(mine.data_ptr(), mine.nbytes(), root, comm, stream)
+              : recvBytes(mine.data_ptr(), mine.nbytes(), root, comm, stream));
+      return group.end();
+    }
+    for (int r = 0; r < size; ++r) {
+      void* theirs = list[r].data_ptr();
+      if (r == root) {
+        C10_CUDA_CHECK(cudaMemcpyAsync(
+            toRoot ? theirs : mine.data_ptr(),
+            toRoot ? mine.data_ptr() : theirs,
+            mine.nbytes(),
+            cudaMemcpyDeviceToDevice,
+            stream));
+      } else {
+        NCCL_CORE_CHECK(
+            toRoot ? recvBytes(theirs, list[r].nbytes(), r, comm, stream)
+                   : sendBytes(theirs, list[r].nbytes(), r, comm, stream));
+      }
+    }
+    return group.end();
+  }
+};
+
+// The root's per-rank list of a gather ("output") or scatter ("input"): one
+// list of `size` tensors shaped like `mine`; other ranks pass none.
+std::vector<at::Tensor> rootListOf(
+    std::vector<std::vector<at::Tensor>>& lists,
+    const at::Tensor& mine,
+    bool isRoot,
+    int size,
+    c10::DeviceIndex device,
+    const char* op,
+    const std::string& what) {
+  if (!isRoot) {
+    NCCL_CORE_CHECK_ARG(
+        lists.empty() || (lists.size() == 1 && lists.front().empty()),
+        op,
+        "only the root takes ",
+        what,
+        " tensors");
+    return {};
+  }
+  NCCL_CORE_CHECK_ARG(
+      lists.size() == 1,
+      op,
+      "the root expects one ",
+      what,
+      " list, got ",
+      lists.size());
+  const std::string listName = what + " list";
+  checkPerRankList(
+      lists.front(), size, device, mine.scalar_type(), op, listName.c_str());
+  for (const auto& tensor : lists.front()) {
+    NCCL_CORE_CHECK_ARG(
+        tensor.numel() == mine.numel(),
+        op,
+        "every ",
+        what,
+        " must have ",
+        mine.numel(),
+        " elements like the ",
+        what == "output" ? "input" : "output",
+        ", got ",
+        tensor.numel());
+  }
+  return lists.front();
+}
+
 // Per-rank element counts of an all-to-all side, split along dim 0.
 std::vector<int64_t> splitCounts(
     const at::Tensor& tensor,
@@ -37,22 +121,15 @@ std::vector<int64_t> splitCounts(
     int worldSize,
     const char* what) {
   constexpr const char* kOp = "alltoall_base";
-  TORCH_CHECK_VALUE(
-      tensor.dim() >= 1 || splits.empty(),
-      "nccl_core ",
-      kOp,
-      ": ",
-      what,
-      " splits need a dim 0");
+  NCCL_CORE_CHECK_ARG(
+      tensor.dim() >= 1 || splits.empty(), kOp, what, " splits need a dim 0");
   const int64_t rows = tensor.dim() >= 1 ? tensor.size(0) : tensor.numel();
   const int64_t rowElems = rows == 0 ? 0 : tensor.numel() / rows;
   std::vector<int64_t> counts(worldSize);
   if (splits.empty()) {
-    TORCH_CHECK_VALUE(
+    NCCL_CORE_CHECK_ARG(
         tensor.numel() % worldSize == 0,
-        "nccl_core ",
         kOp,
-        ": ",
         what,
         " has ",
         tensor.numel(),
@@ -61,11 +138,10 @@ std::vector<int64_t> splitCounts(
     std::fill(counts.begin(), counts.end(), tensor.numel() / worldSize);
     return counts;
   }
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       static_cast<int>(splits.size()) == worldSize,
-      "nccl_core ",
       kOp,
-      ": expected one ",
+      "expected one ",
       what,
       " split per rank (",
       worldSize,
@@ -73,22 +149,14 @@ std::vector<int64_t> splitCounts(
       splits.size());
   int64_t total = 0;
   for (int r = 0; r < worldSize; ++r) {
-    TORCH_CHECK_VALUE(
-        splits[r] >= 0,
-        "nccl_core ",
-        kOp,
-        ": ",
-        what,
-        " splits must be >= 0, got ",
-        splits[r]);
+    NCCL_CORE_CHECK_ARG(
+        splits[r] >= 0, kOp, what, " splits must be >= 0, got ", splits[r]);
     // Overflow-checked: a split near INT64_MAX must not wrap into a sum
     // that matches dim 0.
-    TORCH_CHECK_VALUE(
+    NCCL_CORE_CHECK_ARG(
         !c10::add_overflows(total, splits[r], &total) &&
             !c10::mul_overflows(splits[r], rowElems, &counts[r]),
-        "nccl_core ",
         kOp,
-        ": ",
         what,
         " splits overflow int64 (split ",
         r,
@@ -96,11 +164,9 @@ std::vector<int64_t> splitCounts(
         splits[r],
         ")");
   }
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       total == rows,
-      "nccl_core ",
       kOp,
-      ": ",
       what,
       " splits sum to ",
       total,
@@ -120,12 +186,13 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::send(
   const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "send";
   const at::Tensor& tensor = singleTensor(tensors, kOp, "tensor");
-  checkedDevice(tensor, kOp, "tensor");
+  deviceForOp(tensor, kOp, "tensor");
   checkRank(dstRank, getSize(), kOp, "destination rank");
   // Outside a coalesced group nothing could ever match it.
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       coalescing_ || dstRank != getRank(),
-      "nccl_core send: peer ",
+      "send",
+      "peer ",
       dstRank,
       " is this rank; a send to itself needs its matching recv in the same "
       "batch_isend_irecv");
@@ -150,12 +217,13 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::recv(
   const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "recv";
   const at::Tensor& tensor = singleTensor(tensors, kOp, "tensor");
-  checkedDevice(tensor, kOp, "tensor");
+  deviceForOp(tensor, kOp, "tensor");
   checkRank(srcRank, getSize(), kOp, "source rank");
   // Outside a coalesced group nothing could ever match it.
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       coalescing_ || srcRank != getRank(),
-      "nccl_core recv: peer ",
+      "recv",
+      "peer ",
       srcRank,
       " is this rank; a recv to itself needs its matching send in the same "
       "batch_isend_irecv");
@@ -190,67 +258,25 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::gather(
   const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "gather";
   const at::Tensor& input = singleTensor(inputs, kOp, "input");
-  const c10::DeviceIndex device = checkedDevice(input, kOp, "input");
+  const c10::DeviceIndex device = deviceForOp(input, kOp, "input");
   checkRank(opts.rootRank, getSize(), kOp, "root");
   const int root = static_cast<int>(opts.rootRank);
-  const bool isRoot = getRank() == root;
-  std::vector<at::Tensor> list;
-  if (isRoot) {
-    TORCH_CHECK_VALUE(
-        outputs.size() == 1,
-        "nccl_core ",
-        kOp,
-        ": the root expects one output list, got ",
-        outputs.size());
-    list = outputs.front();
-    checkPerRankList(
-        list, getSize(), device, input.scalar_type(), kOp, "output list");
-    for (const auto& out : list) {
-      TORCH_CHECK_VALUE(
-          out.numel() == input.numel(),
-          "nccl_core ",
-          kOp,
-          ": every output must have ",
-          input.numel(),
-          " elements like the input, got ",
-          out.numel());
-    }
-  } else {
-    TORCH_CHECK_VALUE(
-        outputs.empty() || (outputs.size() == 1 && outputs.front().empty()),
-        "nccl_core ",
-        kOp,
-        ": only the root takes output tensors");
-  }
+  const RootExchange exchange{
+      root,
+      rootListOf(
+          outputs, input, getRank() == root, getSize(), device, kOp, "output"),
+      input,
+      /*toRoot=*/true};
   return launch(
       c10d::OpType::GATHER,
       kOp,
       input.device(),
       opts.asyncOp,
       opts.timeout,
-      list,
+      exchange.list,
       {input},
       [&](ncclComm_t comm, cudaStream_t stream) {
-        NcclGroup group;
-        if (isRoot) {
-          for (int r = 0; r < getSize(); ++r) {
-            if (r == root) {
-              C10_CUDA_CHECK(cudaMemcpyAsync(
-                  list[r].data_ptr(),
-                  input.data_ptr(),
-                  input.nbytes(),
-                  cudaMemcpyDeviceToDevice,
-                  stream));
-            } else {
-              NCCL_CORE_CHECK(recvBytes(
-                  list[r].data_ptr(), list[r].nbytes(), r, comm, stream));
-            }
-          }
-        } else {
-          NCCL_CORE_CHECK(
-              sendBytes(input.data_ptr(), input.nbytes(), root, comm, stream));
-        }
-        return group.end();
+        return exchange.enqueue(getRank(), getSize(), comm, stream);
       });
 }
 
@@ -261,38 +287,15 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::scatter(
   const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "scatter";
   const at::Tensor& output = singleTensor(outputs, kOp, "output");
-  const c10::DeviceIndex device = checkedDevice(output, kOp, "output");
+  const c10::DeviceIndex device = deviceForOp(output, kOp, "output");
   checkRank(opts.rootRank, getSize(), kOp, "root");
   const int root = static_cast<int>(opts.rootRank);
-  const bool isRoot = getRank() == root;
-  std::vector<at::Tensor> list;
-  if (isRoot) {
-    TORCH_CHECK_VALUE(
-        inputs.size() == 1,
-        "nccl_core ",
-        kOp,
-        ": the root expects one input list, got ",
-        inputs.size());
-    list = inputs.front();
-    checkPerRankList(
-        list, getSize(), device, output.scalar_type(), kOp, "input list");
-    for (const auto& in : list) {
-      TORCH_CHECK_VALUE(
-          in.numel() == output.numel(),
-          "nccl_core ",
-          kOp,
-          ": every input must have ",
-          output.numel(),
-          " elements like the output, got ",
-          in.numel());
-    }
-  } else {
-    TORCH_CHECK_VALUE(
-        inputs.empty() || (inputs.size() == 1 && inputs.front().empty()),
-        "nccl_core ",
-        kOp,
-        ": only the root takes input tensors");
-  }
+  const RootExchange exchange{
+      root,
+      rootListOf(
+          inputs, output, getRank() == root, getSize(), device, kOp, "input"),
+      output,
+      /*toRoot=*/false};
   return launch(
       c10d::OpType::SCATTER,
       kOp,
@@ -300,28 +303,9 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::scatter(
       opts.asyncOp,
       opts.timeout,
       {output},
-      list,
+      exchange.list,
       [&](ncclComm_t comm, cudaStream_t stream) {
-        NcclGroup group;
-        if (isRoot) {
-          for (int r = 0; r < getSize(); ++r) {
-            if (r == root) {
-              C10_CUDA_CHECK(cudaMemcpyAsync(
-                  output.data_ptr(),
-                  list[r].data_ptr(),
-                  output.nbytes(),
-                  cudaMemcpyDeviceToDevice,
-                  stream));
-            } else {
-              NCCL_CORE_CHECK(sendBytes(
-                  list[r].data_ptr(), list[r].nbytes(), r, comm, stream));
-            }
-          }
-        } else {
-          NCCL_CORE_CHECK(recvBytes(
-              output.data_ptr(), output.nbytes(), root, comm, stream));
-        }
-        return group.end();
+        return exchange.enqueue(getRank(), getSize(), comm, stream);
       });
 }
 
@@ -333,7 +317,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::alltoall_base(
     const c10d::AllToAllOptions& opts) {
   const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "alltoall_base";
-  const c10::DeviceIndex device = checkedDevice(input, kOp, "input");
+  const c10::DeviceIndex device = deviceForOp(input, kOp, "input");
   checkTensor(output, device, kOp, "output");
   checkSameDtype(input, output, kOp);
   const std::vector<int64_t> sendCounts =
@@ -370,12 +354,9 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::alltoall(
     const c10d::AllToAllOptions& opts) {
   const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "alltoall";
-  TORCH_CHECK_VALUE(
-      !inputs.empty(),
-      "nccl_core ",
-      kOp,
-      ": expected one input per rank, got none");
-  const c10::DeviceIndex device = checkedDevice(inputs.front(), kOp, "input");
+  NCCL_CORE_CHECK_ARG(
+      !inputs.empty(), kOp, "expected one input per rank, got none");
+  const c10::DeviceIndex device = deviceForOp(inputs.front(), kOp, "input");
   const at::ScalarType dtype = inputs.front().scalar_type();
   checkPerRankList(inputs, getSize(), device, dtype, kOp, "input list");
   checkPerRankList(outputs, getSize(), device, dtype, kOp, "output list");

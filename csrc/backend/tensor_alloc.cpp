@@ -7,6 +7,7 @@
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
 #include "backend/backend.h"
+#include "nccl/errors.h"
 #include "nccl/memory.h"
 
 namespace nccl_core {
@@ -56,13 +57,14 @@ bool NcclCoreBackend::supportsTensorAlloc(c10::DeviceIndex /*deviceIdx*/) {
 
 at::Tensor
 NcclCoreBackend::allocateTensor(long size, at::TensorOptions options) {
-  TORCH_CHECK_VALUE(
-      size >= 0, "nccl_core allocateTensor: size must be >= 0, got ", size);
+  NCCL_CORE_CHECK_ARG(
+      size >= 0, "allocateTensor", "size must be >= 0, got ", size);
   at::Device device =
       options.has_device() ? options.device() : deviceForOpWithoutTensors({});
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       device.is_cuda(),
-      "nccl_core allocateTensor: expected a CUDA device, got ",
+      "allocateTensor",
+      "expected a CUDA device, got ",
       device);
   if (!device.has_index()) {
     device = at::Device(at::kCUDA, c10::cuda::current_device());
@@ -71,9 +73,10 @@ NcclCoreBackend::allocateTensor(long size, at::TensorOptions options) {
     c10::cuda::CUDAGuard guard(device.index());
     memPool_ = std::make_unique<at::cuda::MemPool>(poolAllocator());
   }
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       memPool_->device() == device.index(),
-      "nccl_core allocateTensor: this group allocates on cuda:",
+      "allocateTensor",
+      "this group allocates on cuda:",
       memPool_->device(),
       ", not on ",
       device);

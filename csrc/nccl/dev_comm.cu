@@ -47,9 +47,10 @@ void setField(
     ncclDevCommRequirements_t& r,
     const std::string& name,
     int64_t value) {
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       value >= 0 && value <= std::numeric_limits<int>::max(),
-      "nccl_core create_dev_comm: requirement '",
+      "create_dev_comm",
+      "requirement '",
       name,
       "' must be in [0, 2**31 - 1], got ",
       value);

@@ -1,6 +1,8 @@
-// NCCL result codes -> C++ exceptions, in one place.
+// The package's one check family: NCCL results and argument checks become
+// torch exceptions here.
 #pragma once
 
+#include <c10/util/Exception.h>
 #include <nccl.h>
 
 #include <string>
@@ -42,3 +44,12 @@ void warnNcclError(
     if (result_ != ncclSuccess)                                       \
       ::nccl_core::warnNcclError(result_, #call, __FILE__, __LINE__); \
   } while (0)
+
+// An argument check of the package op `op` ("all_reduce", "put_signal"):
+// raises ValueError (TypeError for the _TYPE form) reading
+// "nccl_core <op>: <message>" before NCCL is called, so a refused call leaves
+// the group usable.
+#define NCCL_CORE_CHECK_ARG(cond, op, ...) \
+  TORCH_CHECK_VALUE(cond, "nccl_core ", op, ": ", __VA_ARGS__)
+#define NCCL_CORE_CHECK_ARG_TYPE(cond, op, ...) \
+  TORCH_CHECK_TYPE(cond, "nccl_core ", op, ": ", __VA_ARGS__)

@@ -107,15 +107,15 @@ at::Tensor emptyTensor(
     at::ScalarType dtype,
     c10::DeviceIndex device,
     bool columnMajor) {
-  TORCH_CHECK_TYPE(
+  NCCL_CORE_CHECK_ARG_TYPE(
       ncclElementType(dtype).has_value(),
-      "nccl_core empty: dtype ",
+      "empty",
+      "dtype ",
       dtype,
       " has no NCCL equivalent; expected one of ",
       kSupportedDtypes);
   for (int64_t size : sizes) {
-    TORCH_CHECK_VALUE(
-        size >= 0, "nccl_core empty: sizes must be >= 0, got ", sizes);
+    NCCL_CORE_CHECK_ARG(size >= 0, "empty", "sizes must be >= 0, got ", sizes);
   }
   std::vector<int64_t> strides(sizes.size());
   int64_t stride = 1;

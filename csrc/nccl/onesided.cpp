@@ -252,11 +252,10 @@ size_t peerWindowBytes(const Window& window, int peer) {
 }
 
 void checkPeer(const Communicator& comm, int64_t peer, const char* op) {
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       peer >= 0 && peer < comm.size() && peer != comm.rank(),
-      "nccl_core ",
       op,
-      ": peer must be another rank of the group, 0 <= peer < ",
+      "peer must be another rank of the group, 0 <= peer < ",
       comm.size(),
       " and != ",
       comm.rank(),
@@ -265,11 +264,10 @@ void checkPeer(const Communicator& comm, int64_t peer, const char* op) {
 }
 
 int checkedOpCount(int64_t count, const char* op) {
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       count >= 1 && count <= std::numeric_limits<int>::max(),
-      "nccl_core ",
       op,
-      ": op_count must be in [1, 2**31 - 1], got ",
+      "op_count must be in [1, 2**31 - 1], got ",
       count);
   return static_cast<int>(count);
 }
@@ -281,12 +279,10 @@ size_t checkedOffsetBytes(
     size_t windowBytes,
     const char* op,
     int peer) {
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       offset >= 0 && bytes <= windowBytes &&
           static_cast<uint64_t>(offset) <= (windowBytes - bytes) / elementSize,
-      "nccl_core ",
       op,
-      ": ",
       bytes,
       " bytes at element offset ",
       offset,
@@ -413,9 +409,10 @@ void putSignalNow(
     cudaStream_t stream) {
   comm.get();   // an aborted communicator has unmapped its windows
   window.get(); // so has a closed window
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       window.communicator().get() == &comm,
-      "nccl_core put_signal: the window belongs to another communicator; use "
+      "put_signal",
+      "the window belongs to another communicator; use "
       "the communicator of the group that registered it");
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(comm.device()));
   if (oneSidedEngine() == OneSidedEngine::Host) {

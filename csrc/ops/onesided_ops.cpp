@@ -8,8 +8,8 @@
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/library.h>
 
+#include "backend/arguments.h"
 #include "backend/backend.h"
-#include "backend/dispatch.h"
 #include "nccl/onesided.h"
 
 namespace nccl_core {

@@ -5,8 +5,9 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "backend/arguments.h"
 #include "backend/backend.h"
-#include "backend/dispatch.h"
+#include "nccl/errors.h"
 #include "nccl/memory.h"
 #include "nccl/version.h"
 #include "python/communicator_bindings.h"
@@ -264,9 +265,10 @@ void bindMemory(py::module_& m) {
       "resolve_tensor",
       [](const at::Tensor& tensor) {
         constexpr const char* kOp = "resolve_tensor";
-        TORCH_CHECK_VALUE(
+        NCCL_CORE_CHECK_ARG(
             tensor.is_cuda(),
-            "nccl_core resolve_tensor: expected a CUDA tensor, got one on ",
+            "resolve_tensor",
+            "expected a CUDA tensor, got one on ",
             tensor.device());
         checkTensor(tensor, tensor.device().index(), kOp, "tensor");
         const NcclBuffer buf = bufferOf(tensor, kOp);

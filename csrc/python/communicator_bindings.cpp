@@ -4,10 +4,12 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "backend/arguments.h"
 #include "backend/backend.h"
-#include "backend/dispatch.h"
+#include "backend/reduce_op.h"
 #include "nccl/allocations.h"
 #include "nccl/dtypes.h"
+#include "nccl/errors.h"
 #include "nccl/onesided.h"
 #include "nccl/version.h"
 #include "nccl/window_pointers.h"
@@ -19,8 +21,8 @@ namespace nccl_core {
 
 namespace {
 
-constexpr int kKnownWindowFlags = NCCL_WIN_COLL_SYMMETRIC | 0x2;
 constexpr int kStrictOrdering = 0x2; // NCCL_WIN_STRICT_ORDERING (2.29)
+constexpr int kKnownWindowFlags = NCCL_WIN_COLL_SYMMETRIC | kStrictOrdering;
 
 // A tensor this communicator can register: CUDA, dense, on its device.
 void checkRegistrable(
@@ -29,14 +31,14 @@ void checkRegistrable(
     const char* op) {
   checkTensor(
       tensor, static_cast<c10::DeviceIndex>(comm.device()), op, "tensor");
-  TORCH_CHECK_VALUE(
-      tensor.nbytes() > 0, "nccl_core ", op, ": the tensor is empty");
+  NCCL_CORE_CHECK_ARG(tensor.nbytes() > 0, op, "the tensor is empty");
 }
 
 void checkWindowFlags(int flags) {
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       (flags & ~kKnownWindowFlags) == 0,
-      "nccl_core register_window: unknown flags ",
+      "register_window",
+      "unknown flags ",
       flags,
       "; expected a combination of WindowFlag.DEFAULT, COLL_SYMMETRIC and "
       "STRICT_ORDERING");
@@ -55,16 +57,18 @@ registerWindow(Communicator& comm, const at::Tensor& tensor, int flags) {
       "nccl_core register_window needs NCCL >= 2.27 at run time");
   checkRegistrable(comm, tensor, kOp);
   checkWindowFlags(flags);
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       findAllocation(tensor.data_ptr(), tensor.nbytes()).has_value(),
-      "nccl_core register_window: the tensor must lie in NCCL memory "
+      "register_window",
+      "the tensor must lie in NCCL memory "
       "(torch_nccl_core.empty, mem_pool, or a group's allocate_tensor); it "
       "lies in ordinary CUDA memory");
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       reinterpret_cast<uintptr_t>(tensor.data_ptr()) %
               NCCL_WIN_REQUIRED_ALIGNMENT ==
           0,
-      "nccl_core register_window: the tensor's data must be aligned to ",
+      "register_window",
+      "the tensor's data must be aligned to ",
       NCCL_WIN_REQUIRED_ALIGNMENT,
       " bytes (allocate it on its own, not as a view into another tensor)");
   py::gil_scoped_release noGil;
@@ -79,9 +83,10 @@ registerWindow(Communicator& comm, const at::Tensor& tensor, int flags) {
 // The host scalar in the dtype NCCL will read it as.
 std::shared_ptr<CustomRedOp>
 createPreMulSum(Communicator& comm, double scalar, at::ScalarType dtype) {
-  TORCH_CHECK_TYPE(
+  NCCL_CORE_CHECK_ARG_TYPE(
       at::isFloatingType(dtype) && ncclElementType(dtype).has_value(),
-      "nccl_core create_pre_mul_sum: dtype must be a floating-point dtype "
+      "create_pre_mul_sum",
+      "dtype must be a floating-point dtype "
       "NCCL reduces (float16, bfloat16, float32, float64), got ",
       dtype);
   const at::Tensor value =
@@ -175,6 +180,9 @@ void bindResources(py::module_& m) {
 } // namespace
 
 void bindCommunicator(py::module_& m) {
+  // The values of torch_nccl_core.WindowFlag, from NCCL's header.
+  m.attr("NCCL_WIN_COLL_SYMMETRIC") = NCCL_WIN_COLL_SYMMETRIC;
+  m.attr("NCCL_WIN_STRICT_ORDERING") = kStrictOrdering;
   bindResources(m);
   py::class_<Communicator, std::shared_ptr<Communicator>>(
       m,

@@ -6,9 +6,10 @@
 
 #include <c10/cuda/CUDAStream.h>
 
-#include "backend/dispatch.h"
+#include "backend/arguments.h"
 #include "nccl/communicator.h"
 #include "nccl/dev_comm.h"
+#include "nccl/errors.h"
 #include "nccl/onesided.h"
 #include "python/communicator_bindings.h"
 
@@ -31,15 +32,17 @@ cudaStream_t onDevice(cudaStream_t stream, int device) {
   const cudaError_t result = cudaStreamGetDevice(stream, &owner);
   if (result != cudaSuccess) {
     (void)cudaGetLastError();
-    TORCH_CHECK_VALUE(
+    NCCL_CORE_CHECK_ARG(
         false,
-        "nccl_core one-sided: the stream handle is not a CUDA stream (",
+        "one-sided",
+        "the stream handle is not a CUDA stream (",
         cudaGetErrorString(result),
         ")");
   }
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       owner == device,
-      "nccl_core one-sided: the stream belongs to cuda:",
+      "one-sided",
+      "the stream belongs to cuda:",
       owner,
       " but the communicator uses cuda:",
       device);
@@ -65,9 +68,10 @@ cudaStream_t streamOf(const py::object& stream, int device) {
     return onDevice(
         reinterpret_cast<cudaStream_t>(protocol[1].cast<uintptr_t>()), device);
   }
-  TORCH_CHECK_TYPE(
+  NCCL_CORE_CHECK_ARG_TYPE(
       py::isinstance<py::int_>(stream),
-      "nccl_core one-sided: stream must be None, a torch.cuda.Stream, an "
+      "one-sided",
+      "stream must be None, a torch.cuda.Stream, an "
       "object with __cuda_stream__ or a stream handle (int), got ",
       py::str(py::type::of(stream)).cast<std::string>());
   return onDevice(
@@ -75,11 +79,10 @@ cudaStream_t streamOf(const py::object& stream, int device) {
 }
 
 void checkReserved(int signalIndex, int context, int flags, const char* op) {
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       signalIndex == 0 && context == 0 && flags == 0,
-      "nccl_core ",
       op,
-      ": signal_index, context and flags must be 0 (NCCL reserves them), got ",
+      "signal_index, context and flags must be 0 (NCCL reserves them), got ",
       signalIndex,
       ", ",
       context,
@@ -128,9 +131,10 @@ std::vector<WaitSignalDesc> descsOf(const py::object& descs) {
   if (py::isinstance<WaitSignalDesc>(descs)) {
     return {descs.cast<WaitSignalDesc>()};
   }
-  TORCH_CHECK_TYPE(
+  NCCL_CORE_CHECK_ARG_TYPE(
       py::isinstance<py::sequence>(descs),
-      "nccl_core wait_signal: expected a WaitSignalDesc or a sequence of them");
+      "wait_signal",
+      "expected a WaitSignalDesc or a sequence of them");
   return descs.cast<std::vector<WaitSignalDesc>>();
 }
 
@@ -210,8 +214,7 @@ void bindOneSided(py::module_& m) {
              const py::object& descs,
              const py::object& stream) {
             const std::vector<WaitSignalDesc> list = descsOf(descs);
-            TORCH_CHECK_VALUE(
-                !list.empty(), "nccl_core wait_signal: no descriptors");
+            NCCL_CORE_CHECK_ARG(!list.empty(), "wait_signal", "no descriptors");
             for (const auto& d : list) {
               checkPeer(comm, d.peer, "wait_signal");
               checkReserved(d.signalIndex, d.context, 0, "wait_signal");
@@ -228,9 +231,10 @@ void bindOneSided(py::module_& m) {
           [](Communicator& comm, const py::object& requirements) {
             std::map<std::string, int64_t> fields;
             if (!requirements.is_none()) {
-              TORCH_CHECK_TYPE(
+              NCCL_CORE_CHECK_ARG_TYPE(
                   py::hasattr(requirements, "_nccl_fields"),
-                  "nccl_core create_dev_comm: requirements must be a "
+                  "create_dev_comm",
+                  "requirements must be a "
                   "torch_nccl_core.DevCommRequirements or None");
               fields = requirements.attr("_nccl_fields")()
                            .cast<std::map<std::string, int64_t>>();

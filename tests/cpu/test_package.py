@@ -134,7 +134,7 @@ def test_pg_options_of_the_wrong_type_raise(single_rank_group):
 
 
 def test_set_timeout_reaches_the_backend(single_rank_group):
-    """The group's timeout follows set_timeout (dist.set_timeout in torch >= 2.12)."""
+    """The group's timeout follows set_timeout (dist.set_timeout in torch >= 2.14)."""
     backend = dist.group.WORLD._get_backend(torch.device("cuda"))
     dist.group.WORLD.set_timeout(datetime.timedelta(seconds=7))
     assert backend.options._timeout == datetime.timedelta(seconds=7)

@@ -21,9 +21,10 @@ from datetime import timedelta
 SCENARIO, ENGINE, API = sys.argv[1], sys.argv[2], sys.argv[3]
 os.environ["TORCH_NCCL_CORE_ONE_SIDED_ENGINE"] = ENGINE
 
+import fault_world  # noqa: E402  (this file's folder is on sys.path)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from fault_world import store  # noqa: E402  (the job store; this file's folder is on sys.path)
+from fault_world import store  # noqa: E402
 
 import torch_nccl_core  # noqa: E402
 from torch_nccl_core import WaitSignalDesc, ops  # noqa: E402
@@ -41,15 +42,7 @@ KEEP = []
 
 def init(job_store, timeout_s: float) -> dist.ProcessGroup:
     """The default group, and a group of the scenario's own (it may be aborted)."""
-    torch.cuda.set_device(DEVICE)
-    dist.init_process_group(
-        "nccl_core",
-        store=job_store,
-        rank=RANK,
-        world_size=WORLD,
-        timeout=timedelta(seconds=60),
-        device_id=DEVICE,
-    )
+    fault_world.init(job_store, timeout_s=60.0)
     return dist.new_group(backend="nccl_core", timeout=timedelta(seconds=timeout_s))
 
 

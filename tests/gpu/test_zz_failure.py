@@ -42,7 +42,7 @@ def _group_timing_out_after(timeout: timedelta, how: str) -> dist.ProcessGroup:
     if how == "new_group":
         return dist.new_group(backend="nccl_core", timeout=timeout)
     group = dist.new_group(backend="nccl_core", timeout=HOST_WAIT * 2)
-    group.set_timeout(timeout)  # dist.set_timeout(timeout, group) from torch 2.12 on
+    group.set_timeout(timeout)  # dist.set_timeout(timeout, group) from torch 2.14 on
     return group
 
 

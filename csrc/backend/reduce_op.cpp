@@ -1,9 +1,9 @@
-#include "backend/dispatch.h"
+#include "backend/reduce_op.h"
 
 #include <c10/util/Exception.h>
 
+#include "backend/arguments.h"
 #include "nccl/api.h"
-#include "nccl/dtypes.h"
 #include "nccl/errors.h"
 
 namespace nccl_core {
@@ -41,148 +41,7 @@ bool isFloating(at::ScalarType type) {
 
 } // namespace
 
-NcclBuffer bufferOf(const at::Tensor& tensor, const char* op) {
-  const auto element = ncclElementType(tensor.scalar_type());
-  TORCH_CHECK_TYPE(
-      element.has_value(),
-      "nccl_core ",
-      op,
-      ": dtype ",
-      tensor.scalar_type(),
-      " is not supported; expected one of ",
-      kSupportedDtypes);
-  return {
-      tensor.data_ptr(),
-      static_cast<size_t>(tensor.numel()) * element->perElement,
-      element->dtype};
-}
-
-void checkTensor(
-    const at::Tensor& tensor,
-    c10::DeviceIndex device,
-    const char* op,
-    const char* what) {
-  TORCH_CHECK_VALUE(
-      tensor.defined(),
-      "nccl_core ",
-      op,
-      ": ",
-      what,
-      " is an undefined tensor");
-  TORCH_CHECK_VALUE(
-      tensor.is_cuda(),
-      "nccl_core ",
-      op,
-      ": ",
-      what,
-      " must be a CUDA tensor, got one on ",
-      tensor.device());
-  TORCH_CHECK_VALUE(
-      tensor.layout() == at::kStrided,
-      "nccl_core ",
-      op,
-      ": ",
-      what,
-      " must be dense (strided), got layout ",
-      tensor.layout());
-  TORCH_CHECK_VALUE(
-      tensor.device().index() == device,
-      "nccl_core ",
-      op,
-      ": ",
-      what,
-      " is on ",
-      tensor.device(),
-      " but this process group's communicator uses cuda:",
-      static_cast<int>(device));
-  TORCH_CHECK_VALUE(
-      tensor.is_contiguous(),
-      "nccl_core ",
-      op,
-      ": ",
-      what,
-      " must be contiguous, got sizes ",
-      tensor.sizes(),
-      " and strides ",
-      tensor.strides(),
-      " (call .contiguous() first)");
-}
-
-const at::Tensor& singleTensor(
-    const std::vector<at::Tensor>& tensors,
-    const char* op,
-    const char* what) {
-  TORCH_CHECK_VALUE(
-      tensors.size() == 1,
-      "nccl_core ",
-      op,
-      ": expected exactly one ",
-      what,
-      " tensor, got ",
-      tensors.size());
-  return tensors[0];
-}
-
-void checkSameDtype(const at::Tensor& a, const at::Tensor& b, const char* op) {
-  TORCH_CHECK_TYPE(
-      a.scalar_type() == b.scalar_type(),
-      "nccl_core ",
-      op,
-      ": input and output dtypes differ (",
-      a.scalar_type(),
-      " vs ",
-      b.scalar_type(),
-      ")");
-}
-
-void checkPerRankList(
-    const std::vector<at::Tensor>& list,
-    int worldSize,
-    c10::DeviceIndex device,
-    at::ScalarType dtype,
-    const char* op,
-    const char* what) {
-  TORCH_CHECK_VALUE(
-      static_cast<int>(list.size()) == worldSize,
-      "nccl_core ",
-      op,
-      ": ",
-      what,
-      " must hold one tensor per rank (",
-      worldSize,
-      "), got ",
-      list.size());
-  for (const auto& tensor : list) {
-    checkTensor(tensor, device, op, what);
-    TORCH_CHECK_TYPE(
-        tensor.scalar_type() == dtype,
-        "nccl_core ",
-        op,
-        ": ",
-        what,
-        " has dtype ",
-        tensor.scalar_type(),
-        " but the input is ",
-        dtype);
-  }
-}
-
-void checkRank(int64_t rank, int worldSize, const char* op, const char* what) {
-  TORCH_CHECK_VALUE(
-      rank >= 0 && rank < worldSize,
-      "nccl_core ",
-      op,
-      ": ",
-      what,
-      " ",
-      rank,
-      " is out of range; expected 0 <= ",
-      what,
-      " < ",
-      worldSize);
-}
-
-ReduceOp::ReduceOp(
+NcclReduceOp::NcclReduceOp(
     const c10d::ReduceOp& op,
     const at::Tensor& tensor,
     Communicator& comm,
@@ -191,11 +50,10 @@ ReduceOp::ReduceOp(
   const bool isBool = type == at::kBool;
   const bool isComplex = at::isComplexType(type);
   auto refuse = [&](const char* reason) {
-    TORCH_CHECK_TYPE(
+    NCCL_CORE_CHECK_ARG_TYPE(
         false,
-        "nccl_core ",
         opName,
-        ": reduce op ",
+        "reduce op ",
         redOpName(op.op_),
         " is not supported for dtype ",
         type,
@@ -238,11 +96,8 @@ ReduceOp::ReduceOp(
       }
       const auto* premul =
           dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
-      TORCH_CHECK_VALUE(
-          premul != nullptr,
-          "nccl_core ",
-          opName,
-          ": PREMUL_SUM without a factor");
+      NCCL_CORE_CHECK_ARG(
+          premul != nullptr, opName, "PREMUL_SUM without a factor");
       const at::ScalarType real = c10::toRealValueType(type);
       // The factor lives on the device in the reduced dtype: NCCL reads it when
       // the kernel runs, which also makes the op safe to capture in a graph.
@@ -251,52 +106,51 @@ ReduceOp::ReduceOp(
               ? premul->tensor_factor.to(tensor.device(), real).reshape({1})
               : at::full(
                     {1}, premul->double_factor, tensor.options().dtype(real));
-      NCCL_CORE_CHECK(
+      const Communicator::Use use = comm.use();
+      comm.check(
           nccl().redOpCreatePreMulSum(
               &op_,
               factor_.data_ptr(),
               bufferOf(factor_, opName).dtype,
               ncclScalarDevice,
-              comm.get()));
+              use.handle()),
+          "ncclRedOpCreatePreMulSum");
       comm_ = &comm;
       break;
     }
     default:
-      TORCH_CHECK_VALUE(
+      NCCL_CORE_CHECK_ARG(
           false,
-          "nccl_core ",
           opName,
-          ": reduce op ",
+          "reduce op ",
           redOpName(op.op_),
           " is not supported by NCCL; expected SUM, PRODUCT, MIN, MAX, AVG or "
           "PREMUL_SUM");
   }
 }
 
-void ReduceOp::useCustom(
+void NcclReduceOp::useCustom(
     const CustomRedOp& custom,
     const at::Tensor& tensor,
     const Communicator& comm,
     const char* opName) {
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       custom.ownedBy(comm),
-      "nccl_core ",
       opName,
-      ": this custom reduce op belongs to another group's communicator; "
+      "this custom reduce op belongs to another group's communicator; "
       "create it with the communicator of the group the op runs on");
   const ncclDataType_t dtype = bufferOf(tensor, opName).dtype;
-  TORCH_CHECK_TYPE(
+  NCCL_CORE_CHECK_ARG_TYPE(
       custom.dtype() == dtype,
-      "nccl_core ",
       opName,
-      ": the custom reduce op was created for NCCL dtype ",
+      "the custom reduce op was created for NCCL dtype ",
       static_cast<int>(custom.dtype()),
       " but the tensor has dtype ",
       tensor.scalar_type());
   op_ = custom.get();
 }
 
-ReduceOp::~ReduceOp() {
+NcclReduceOp::~NcclReduceOp() {
   if (comm_ != nullptr) {
     comm_->destroyRedOp(op_);
   }
