@@ -1,10 +1,19 @@
-"""The benchmark script runs end to end (on CPU with gloo) and writes its table, CSV and plot."""
+"""The collectives benchmark runs end to end (on CPU with gloo) and writes its table, CSV and plot;
+every benchmark driver, the GPU-only ones included, imports and parses its command line.
+
+`benchmarks` is a package at the repository root, importable when pytest runs as `python -m pytest`
+from there (the README's command); the driver runs from the root as `-m benchmarks.collectives`.
+"""
 
 import csv
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from benchmarks.timing import Row, paired_ratio
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -13,12 +22,12 @@ def test_benchmark_writes_its_outputs(tmp_path):
     ops = ["all_reduce", "broadcast", "all_gather_into_tensor"]
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-        str(ROOT / "benchmarks" / "collectives.py"),
+        "-m", "benchmarks.collectives",
         "--backends", "gloo,gloo", "--max-bytes", "1K", "--repeats", "2", "--ops", ",".join(ops),
         "--out", str(tmp_path),
     ]  # fmt: skip
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=240)
+    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=240)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     rows = list(csv.DictReader((tmp_path / "collectives.csv").open()))
     assert {row["op"] for row in rows} == set(ops)
@@ -27,18 +36,24 @@ def test_benchmark_writes_its_outputs(tmp_path):
     assert (tmp_path / "collectives_ratio.png").stat().st_size > 0
 
 
+@pytest.mark.parametrize(
+    "driver", ["collectives", "registration_latency", "reduce_scatter_crossover"]
+)
+def test_driver_imports_and_parses(driver):
+    """Every driver, GPU-only ones included, imports and answers --help as a module."""
+    command = [sys.executable, "-m", f"benchmarks.{driver}", "--help"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("usage:")
+
+
 def test_variant_ratio_pairs_the_repeats():
     """Drift between repeats (a slow second repeat for both) cancels out of the ratio."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import collectives
-    finally:
-        sys.path.pop(0)
 
     def row(samples):
-        return collectives.Row("v", "all_reduce", 8, "b", 1, min(samples), 1.0, 1.0, samples)
+        return Row("v", "all_reduce", 8, "b", 1, min(samples), 1.0, 1.0, samples)
 
     plain, registered = row([10.0, 20.0, 10.0]), row([10.5, 21.0, 10.5])
-    assert collectives.paired_ratio(plain, registered) == 1.05
+    assert paired_ratio(plain, registered) == 1.05
     # Best time against best time would call this equal: 10.0 / 10.0.
-    assert collectives.paired_ratio(row([10.0, 30.0, 30.0]), row([11.0, 10.0, 10.0])) < 0.5
+    assert paired_ratio(row([10.0, 30.0, 30.0]), row([11.0, 10.0, 10.0])) < 0.5

@@ -1,0 +1,140 @@
+"""Command lines and process groups of the benchmark drivers: argument types and the arguments they
+share, the default group's setup and teardown, and the per-backend groups.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from .cases import ELEM
+from .timing import rank_max
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_bytes(text: str) -> int:
+    m = re.fullmatch(r"(\d+)\s*([KMG]?)(I?B)?", text.strip().upper())
+    if not m:
+        raise argparse.ArgumentTypeError(f"bad size {text!r} (examples: 8, 64K, 1M, 1G)")
+    return int(m[1]) * _UNITS[m[2]]
+
+
+def comma_list(choices: list[str] | None = None) -> Callable[[str], list[str]]:
+    def parse(text: str) -> list[str]:
+        items = [s.strip() for s in text.split(",") if s.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError("empty list")
+        unknown = [s for s in items if choices is not None and s not in choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(
+                f"unknown {', '.join(unknown)} (choose from {', '.join(choices)})"
+            )
+        return items
+
+    return parse
+
+
+def size_sweep(lo: int, hi: int, factor: int) -> list[int]:
+    """lo, lo*factor, ... up to hi; hi itself is always included."""
+    sizes = []
+    n = lo
+    while n < hi:
+        sizes.append(n)
+        n *= factor
+    return [*sizes, hi]
+
+
+def backend_labels(backends: list[str]) -> list[str]:
+    """Distinct labels, so that naming a backend twice ("nccl,nccl": the noise floor) works."""
+    counts = {b: backends.count(b) for b in backends}
+    return [b if counts[b] == 1 else f"{b}#{i + 1}" for i, b in enumerate(backends)]
+
+
+def add_backend_arguments(p: argparse.ArgumentParser, backends_help: str) -> None:
+    """--backends and --out."""
+    p.add_argument(
+        "--backends",
+        type=comma_list(),
+        default=["nccl", "nccl_core"],
+        help=f"{backends_help} (default nccl,nccl_core)",
+    )
+    p.add_argument("--out", required=True, help="output directory (written by rank 0)")
+
+
+def add_size_arguments(p: argparse.ArgumentParser, max_bytes: str) -> None:
+    """--min-bytes, --max-bytes (default `max_bytes`) and --step-factor; see check_sizes."""
+    p.add_argument("--min-bytes", type=parse_bytes, default=8, help="smallest size (default 8)")
+    p.add_argument(
+        "--max-bytes",
+        type=parse_bytes,
+        default=parse_bytes(max_bytes),
+        help=f"largest size (default {max_bytes})",
+    )
+    p.add_argument(
+        "--step-factor",
+        type=int,
+        default=4,
+        help="size multiplier between steps (default 4)",
+    )
+
+
+def add_init_backend_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--init-backend",
+        default="cpu:gloo,cuda:nccl",
+        help="backend of the default process group (default cpu:gloo,cuda:nccl)",
+    )
+
+
+def check_sizes(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Check the add_size_arguments flags; set args.sizes to the sweep they give."""
+    if args.min_bytes < ELEM or args.min_bytes % ELEM or args.max_bytes % ELEM:
+        p.error(f"--min-bytes and --max-bytes must be positive multiples of {ELEM}")
+    if args.max_bytes < args.min_bytes:
+        p.error("--max-bytes is smaller than --min-bytes")
+    if args.step_factor < 2:
+        p.error("need --step-factor >= 2")
+    args.sizes = size_sweep(args.min_bytes, args.max_bytes, args.step_factor)
+
+
+def import_core(backends: list[str]):
+    """Import torch_nccl_core (registers the "nccl_core" backend); None if absent and unneeded."""
+    try:
+        import torch_nccl_core
+    except ImportError as e:
+        if "nccl_core" in backends:
+            raise SystemExit(
+                f"--backends names nccl_core but torch_nccl_core cannot be imported: {e}"
+            ) from e
+        return None
+    return torch_nccl_core
+
+
+def init_distributed(args) -> tuple[torch.device, Callable[[], None]]:
+    """Initialise the default group; return this rank's device and its synchronize()."""
+    if not torch.cuda.is_available():
+        dist.init_process_group("gloo")
+        return torch.device("cpu"), lambda: None
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(device)
+    bind = {} if args.init_backend == "gloo" else {"device_id": device}
+    dist.init_process_group(args.init_backend, **bind)
+    return device, torch.cuda.synchronize
+
+
+def new_groups(args) -> dict[str, dist.ProcessGroup]:
+    """One group per backend of --backends, by label (args.backend_labels)."""
+    pairs = zip(args.backend_labels, args.backends, strict=True)
+    return {label: dist.new_group(backend=backend) for label, backend in pairs}
+
+
+def finish() -> None:
+    """Wait for every rank (rank 0 may still be writing), then end the default group."""
+    rank_max(0.0)
+    dist.destroy_process_group()
