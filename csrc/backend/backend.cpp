@@ -172,7 +172,7 @@ void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
       storeKey("abort"),
       timeout_.load(),
       events_,
-      abortHooks_);
+      hooks_);
   oneSidedLink_ = std::make_unique<OneSidedLink>(*comm_, *this);
 }
 
@@ -216,6 +216,13 @@ void NcclCoreBackend::runOneSided(
             failure_->message()));
   }
   const uint64_t seq = ++seq_;
+  const OpProfile profile(
+      OpInfo{c10d::OpType::UNKNOWN, name, seq},
+      *groupName_,
+      getRank(),
+      getSize(),
+      {},
+      {});
   const bool capturing = isCapturing(stream);
   if (!capturing) {
     // Not under capture: freeing NCCL memory there would invalidate it.
@@ -313,11 +320,23 @@ NcclCoreBackend::getBackendOptions() {
 
 #ifdef C10D_BACKEND_HAS_HOOKS
 void NcclCoreBackend::registerAbortHook(int64_t id, c10d::AbortHook hook) {
-  abortHooks_->add(id, std::move(hook));
+  hooks_->abort.add(id, std::move(hook));
 }
 
 void NcclCoreBackend::unregisterAbortHook(int64_t id) {
-  abortHooks_->remove(id);
+  hooks_->abort.remove(id);
+}
+#endif
+
+#if NCCL_CORE_HAS_COMPLETION_HOOKS
+void NcclCoreBackend::registerCompletionHook(
+    int64_t id,
+    c10d::CompletionHook hook) {
+  hooks_->completion.add(id, std::move(hook));
+}
+
+void NcclCoreBackend::unregisterCompletionHook(int64_t id) {
+  hooks_->completion.remove(id);
 }
 #endif
 

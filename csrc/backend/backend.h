@@ -7,7 +7,6 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
-#include <torch/headeronly/version.h>
 
 #include <atomic>
 #include <exception>
@@ -16,10 +15,10 @@
 #include <optional>
 #include <string>
 
-#include "backend/abort_hooks.h"
 #include "backend/copy_engine_reduce_scatter.h"
 #include "backend/event_pool.h"
 #include "backend/failure.h"
+#include "backend/hooks.h"
 #include "backend/options.h"
 #include "backend/watchdog.h"
 #include "backend/work.h"
@@ -177,10 +176,17 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   void registerAbortHook(int64_t id, c10d::AbortHook hook) override;
   void unregisterAbortHook(int64_t id) override;
 #endif
-#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 15
+#if NCCL_CORE_HAS_COMPLETION_HOOKS
   bool supportsAbortHooks() const override {
     return true;
   }
+  // Run by the watchdog when it sees an async op (or a coalesced block)
+  // finish successfully; synchronous ops complete as they are issued.
+  bool supportsCompletionHooks() const override {
+    return true;
+  }
+  void registerCompletionHook(int64_t id, c10d::CompletionHook hook) override;
+  void unregisterCompletionHook(int64_t id) override;
 #endif
   void abort() override;
   void shutdown() override;
@@ -265,8 +271,7 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   const int64_t incarnation_;
 
   std::shared_ptr<FailureState> failure_ = std::make_shared<FailureState>();
-  const std::shared_ptr<AbortHooks> abortHooks_ =
-      std::make_shared<AbortHooks>();
+  const std::shared_ptr<BackendHooks> hooks_ = std::make_shared<BackendHooks>();
   std::shared_ptr<Communicator> comm_;
   // A communicator still initializing, for abort() from another thread; and
   // the guard of it and of watchdog_ between the two.

@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "backend/backend.h"
+#include "backend/op_profile.h"
 #include "backend/routing.h"
 #include "nccl/api.h"
 #include "nccl/errors.h"
@@ -88,6 +89,8 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
           ? routeCollective(communicator(device), type, outputs, inputs)
           : communicator(device);
   const OpInfo info{type, name, ++seq_};
+  const OpProfile profile(
+      info, *groupName_, getRank(), getSize(), inputs, outputs);
   if (timeout == c10d::kUnsetTimeout) {
     timeout = timeout_.load();
   }

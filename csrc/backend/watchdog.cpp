@@ -34,10 +34,10 @@ Watchdog::Watchdog(
     std::string abortKey,
     std::chrono::milliseconds timeout,
     std::shared_ptr<EventPool> events,
-    std::shared_ptr<AbortHooks> abortHooks)
+    std::shared_ptr<BackendHooks> hooks)
     : comm_(std::move(comm)),
       failure_(std::move(failure)),
-      abortHooks_(std::move(abortHooks)),
+      hooks_(std::move(hooks)),
       store_(std::move(store)),
       groupName_(std::move(groupName)),
       abortKey_(std::move(abortKey)),
@@ -121,11 +121,25 @@ void Watchdog::fail(const std::string& reason, bool tellPeers) {
   }
 }
 
+void Watchdog::notifyCompletion(NcclWork& work) noexcept {
+#if NCCL_CORE_HAS_COMPLETION_HOOKS
+  // Failed or timed-out Work fires nothing (c10d's completion-hook contract).
+  if (hooks_->completion.empty() || !work.isSuccess()) {
+    return;
+  }
+  c10d::CompletionHookArgs args;
+  args.completionKey = work.getCompletionKey();
+  hooks_->completion.run("completion", groupName_, args);
+#else
+  (void)work;
+#endif
+}
+
 void Watchdog::trip(const std::string& reason, bool tellPeers) {
   if (!failure_->failed()) {
     LOG(ERROR) << "[nccl_core] " << reason;
     // Before the abort: hooks see the group as it failed (torch's contract).
-    abortHooks_->run(groupName_);
+    hooks_->abort.run("abort", groupName_);
   }
   fail(reason, tellPeers);
 }
@@ -206,6 +220,7 @@ void Watchdog::poll() {
         }
         pending_.pop_front();
       }
+      notifyCompletion(*head);
       retire(std::move(head));
       continue;
     }

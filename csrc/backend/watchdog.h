@@ -24,9 +24,9 @@
 #include <thread>
 #include <vector>
 
-#include "backend/abort_hooks.h"
 #include "backend/event_pool.h"
 #include "backend/failure.h"
+#include "backend/hooks.h"
 #include "backend/sync_ops.h"
 #include "backend/work.h"
 #include "nccl/communicator.h"
@@ -43,7 +43,7 @@ class Watchdog {
       std::string abortKey,
       std::chrono::milliseconds timeout,
       std::shared_ptr<EventPool> events,
-      std::shared_ptr<AbortHooks> abortHooks);
+      std::shared_ptr<BackendHooks> hooks);
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
   ~Watchdog();
@@ -90,6 +90,8 @@ class Watchdog {
   // itself detects (a timeout, an NCCL error, a peer's abort).
   void trip(const std::string& reason, bool tellPeers);
   void retire(c10::intrusive_ptr<NcclWork> work);
+  // The completion hooks, for Work that finished successfully.
+  void notifyCompletion(NcclWork& work) noexcept;
   void reapRetiredSlow();
   void run();
   void poll();
@@ -98,7 +100,7 @@ class Watchdog {
 
   const std::shared_ptr<Communicator> comm_;
   const std::shared_ptr<FailureState> failure_;
-  const std::shared_ptr<AbortHooks> abortHooks_;
+  const std::shared_ptr<BackendHooks> hooks_;
   const c10::intrusive_ptr<c10d::Store> store_;
   const std::string groupName_;
   const std::string abortKey_;

@@ -14,8 +14,10 @@
 
 #include "backend/event_pool.h"
 #include "backend/failure.h"
+#include "backend/hooks.h"
 #include "backend/sync_ops.h"
 #include "backend/watchdog.h"
+#include "backend/work.h"
 #include "nccl/communicator.h"
 #include "python/fake_nccl.h"
 
@@ -116,12 +118,38 @@ class WatchdogUnderTest {
     watchdog_.stop();
   }
   void addAbortHook(int64_t id, std::function<void()> hook) {
-    hooks_->add(id, std::move(hook));
+    hooks_->abort.add(id, std::move(hook));
   }
+#if NCCL_CORE_HAS_COMPLETION_HOOKS
+  void addCompletionHook(
+      int64_t id,
+      std::function<void(uint64_t, std::optional<float>)> hook) {
+    hooks_->completion.add(
+        id, [hook = std::move(hook)](const c10d::CompletionHookArgs& args) {
+          hook(args.completionKey, args.duration_ms);
+        });
+  }
+  // Tracks an async Work whose op already finished (it owns no event), as
+  // launch() does; returns its completion key.
+  uint64_t trackFinishedOp(uint64_t seq) {
+    auto work = c10::make_intrusive<NcclWork>(
+        OpInfo{c10d::OpType::ALLREDUCE, "allreduce", seq},
+        at::Device(at::kCUDA, 0),
+        std::make_shared<const std::string>("g"),
+        EventPool::Event{},
+        std::chrono::milliseconds(30000),
+        std::vector<at::Tensor>{},
+        std::vector<at::Tensor>{},
+        false);
+    const uint64_t key = work->getCompletionKey();
+    watchdog_.track(std::move(work));
+    return key;
+  }
+#endif
 
  private:
   std::shared_ptr<FailureState> failure_;
-  std::shared_ptr<AbortHooks> hooks_ = std::make_shared<AbortHooks>();
+  std::shared_ptr<BackendHooks> hooks_ = std::make_shared<BackendHooks>();
   Watchdog watchdog_;
 };
 
@@ -202,6 +230,18 @@ void bindFakeNccl(py::module_& testing) {
           &WatchdogUnderTest::addAbortHook,
           py::arg("id"),
           py::arg("hook"))
+#if NCCL_CORE_HAS_COMPLETION_HOOKS
+      .def(
+          "add_completion_hook",
+          &WatchdogUnderTest::addCompletionHook,
+          py::arg("id"),
+          py::arg("hook"))
+      .def(
+          "track_finished_op",
+          &WatchdogUnderTest::trackFinishedOp,
+          py::arg("seq"),
+          py::call_guard<py::gil_scoped_release>())
+#endif
       .def("stop", &WatchdogUnderTest::stop, release);
 }
 

@@ -180,6 +180,25 @@ def test_abort_hooks_run_in_id_order_before_the_abort(fake):
     dog.stop()
 
 
+@pytest.mark.skipif(
+    not hasattr(testing.Watchdog, "add_completion_hook"),
+    reason="c10d completion hooks need torch >= 2.15",
+)
+def test_completion_hooks_see_each_finished_async_op_once(fake):
+    """torch 2.15's completion hooks: one call per Work, with its completion key, no duration."""
+    comm = create()
+    dog = watchdog(comm, dist.HashStore())
+    seen = []
+    dog.add_completion_hook(3, lambda key, duration: seen.append((key, duration)))
+    keys = [dog.track_finished_op(seq) for seq in (1, 2)]
+    wait_for(lambda: len(seen) == 2)
+    time.sleep(0.2)  # a few more watchdog polls: nothing fires twice
+    assert seen == [(keys[0], None), (keys[1], None)]
+    assert dog.failure is None
+    dog.stop()
+    testing.abort(comm)
+
+
 def test_watchdog_stops_without_touching_a_healthy_communicator(fake):
     comm = create()
     dog = watchdog(comm, dist.HashStore())

@@ -1,0 +1,47 @@
+"""torch.profiler sees nccl_core's ops as it sees the built-in backend's: a `nccl_core:<op>` range
+with the op's input shapes around its launch, torch's `record_param_comms` event with the op's
+sequence number and sizes, and the op's NCCL kernel on the CUDA timeline."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+from .helpers import ASYNC_MODES, complete
+
+NUMEL = 1024
+
+
+def _profiled(rank: int, async_op: bool):
+    tensor = torch.ones(NUMEL, device="cuda")
+    received = torch.empty(NUMEL, device="cuda")
+    peer = 1 - rank
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    with profile(activities=activities, record_shapes=True) as prof:
+        complete(dist.all_reduce(tensor, async_op=async_op), async_op)
+        complete(dist.broadcast(tensor, src=0, async_op=async_op), async_op)
+        exchange = [dist.P2POp(dist.isend, tensor, peer), dist.P2POp(dist.irecv, received, peer)]
+        for work in dist.batch_isend_irecv(exchange):
+            work.wait()
+        torch.cuda.synchronize()
+    return prof.events()
+
+
+@pytest.mark.parametrize("async_op", ASYNC_MODES)
+def test_ops_appear_in_the_profiler_with_shapes_and_kernels(rank, async_op):
+    events = _profiled(rank, async_op)
+    ranges = {event.name: event for event in events if event.name.startswith("nccl_core:")}
+    assert {"nccl_core:allreduce", "nccl_core:broadcast", "nccl_core:send", "nccl_core:recv"} <= (
+        set(ranges)
+    ), sorted(ranges)
+    assert [NUMEL] in ranges["nccl_core:allreduce"].input_shapes
+    assert any(event.name == "record_param_comms" for event in events)
+    kernels = [
+        event.name
+        for event in events
+        if event.device_type == DeviceType.CUDA and "nccl" in event.name.lower()
+    ]
+    assert kernels, "no NCCL kernel on the CUDA timeline"
