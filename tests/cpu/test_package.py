@@ -153,8 +153,8 @@ def test_abort_hooks_can_be_registered(single_rank_group):
     backend.register_abort_hook(7, lambda: None)
     backend.unregister_abort_hook(7)
     backend.unregister_abort_hook(7)  # an unknown id is no error
-    if hasattr(backend, "supports_abort_hooks"):  # torch >= 2.15
-        assert backend.supports_abort_hooks()
+    if hasattr(backend, "supports_abort_hooks"):  # torch >= 2.15, a property
+        assert backend.supports_abort_hooks is True
 
 
 def test_backend_rejects_bad_rank(tmp_path):
