@@ -163,6 +163,7 @@ void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
   ready_ = events_->acquire();
   std::lock_guard<std::mutex> lock(initMutex_);
   // Read under the lock that setTimeout takes: neither misses a new timeout.
+  std::lock_guard<std::mutex> timeoutLock(timeoutMutex_);
   comm_->setTimeout(timeout_.load());
   watchdog_ = std::make_unique<Watchdog>(
       comm_,
@@ -349,8 +350,10 @@ void NcclCoreBackend::setTimeout(std::chrono::milliseconds timeout) {
       "' must be positive, got ",
       timeout.count(),
       " ms");
+  // Not initMutex_: a teardown holds it while it joins the watchdog, which
+  // may be running a Python hook that waits for this caller's GIL.
+  std::lock_guard<std::mutex> lock(timeoutMutex_);
   timeout_.store(timeout);
-  std::lock_guard<std::mutex> lock(initMutex_);
   if (watchdog_) {
     watchdog_->setTimeout(timeout);
     comm_->setTimeout(timeout);
@@ -393,6 +396,8 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::endCoalescing() {
   }
   const Communicator::Use group = std::move(*coalescedGroup_);
   coalescedGroup_.reset();
+  // NCCL launches the block's kernels at ncclGroupEnd: under this range.
+  const OpProfile profile(info, *groupName_, getRank(), getSize(), tensors, {});
   const c10::cuda::CUDAGuard deviceGuard(*coalescedDevice_);
   const bool capturing = isCapturing(stream_->stream());
   if (capturing) {

@@ -277,6 +277,9 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   // the guard of it and of watchdog_ between the two.
   std::mutex initMutex_;
   std::weak_ptr<Communicator> initializing_;
+  // Orders setTimeout against the watchdog's creation (taken after
+  // initMutex_ there).
+  std::mutex timeoutMutex_;
   std::shared_ptr<EventPool> events_;
   std::optional<c10::cuda::CUDAStream> stream_; // internal stream for async ops
   EventPool::Event ready_; // reused to order the internal stream

@@ -15,6 +15,7 @@
 #include <exception>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -25,19 +26,31 @@
 namespace nccl_core {
 
 // Hooks by id, run in id order (as torch's ProcessGroup runs its own hooks).
+// A hook made from a Python callable takes the GIL when it is copied or
+// destroyed, so hooks are shared, never copied, and a replaced or removed one
+// is released outside the lock: a thread registering a hook with the GIL held
+// then never waits for one that needs the GIL.
 template <typename... Args>
 class HookTable {
  public:
+  using Hook = std::function<void(Args...)>;
+
   // Adds `hook` under `id`, replacing one of the same id.
-  void add(int64_t id, std::function<void(Args...)> hook) {
+  void add(int64_t id, Hook hook) {
+    auto added = std::make_shared<const Hook>(std::move(hook));
+    std::shared_ptr<const Hook> replaced;
     std::lock_guard<std::mutex> lock(mutex_);
-    hooks_[id] = std::move(hook);
+    replaced = std::exchange(hooks_[id], std::move(added));
     any_.store(true, std::memory_order_release);
   }
   // A no-op for an id that has no hook.
   void remove(int64_t id) {
+    std::shared_ptr<const Hook> removed;
     std::lock_guard<std::mutex> lock(mutex_);
-    hooks_.erase(id);
+    if (auto found = hooks_.find(id); found != hooks_.end()) {
+      removed = std::move(found->second);
+      hooks_.erase(found);
+    }
     any_.store(!hooks_.empty(), std::memory_order_release);
   }
   // Lock-free, for the watchdog's per-op path.
@@ -47,14 +60,14 @@ class HookTable {
   // Runs every hook outside the lock (a hook may take long or register
   // another). One that throws is logged and the others still run.
   void run(const char* kind, const std::string& group, Args... args) noexcept {
-    std::map<int64_t, std::function<void(Args...)>> hooks;
+    std::map<int64_t, std::shared_ptr<const Hook>> hooks;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       hooks = hooks_;
     }
     for (const auto& [id, hook] : hooks) {
       try {
-        hook(args...);
+        (*hook)(args...);
       } catch (const std::exception& e) {
         LOG(ERROR) << "[nccl_core] " << kind << " hook " << id << " of group '"
                    << group << "' failed: " << e.what();
@@ -67,7 +80,7 @@ class HookTable {
 
  private:
   std::mutex mutex_;
-  std::map<int64_t, std::function<void(Args...)>> hooks_;
+  std::map<int64_t, std::shared_ptr<const Hook>> hooks_;
   std::atomic<bool> any_{false};
 };
 

@@ -5,6 +5,7 @@
 #include <c10/util/Logging.h>
 
 #include "nccl/api.h"
+#include "nccl/blocking_wait.h"
 #include "nccl/errors.h"
 
 #include <algorithm>
@@ -123,8 +124,9 @@ void Watchdog::fail(const std::string& reason, bool tellPeers) {
 
 void Watchdog::notifyCompletion(NcclWork& work) noexcept {
 #if NCCL_CORE_HAS_COMPLETION_HOOKS
-  // Failed or timed-out Work fires nothing (c10d's completion-hook contract).
-  if (hooks_->completion.empty() || !work.isSuccess()) {
+  // Only Work this thread took off the list, before any failure took the
+  // rest: failed and timed-out Work fires nothing (c10d's contract).
+  if (hooks_->completion.empty()) {
     return;
   }
   c10d::CompletionHookArgs args;
@@ -154,7 +156,11 @@ void Watchdog::stop() {
   }
   wake_.notify_all();
   if (thread_.joinable()) {
-    thread_.join();
+    // Without the GIL: the thread may be inside a Python abort hook, which
+    // needs it to finish.
+    runBlockingWait(
+        [](void* thread) { static_cast<std::thread*>(thread)->join(); },
+        &thread_);
   }
 }
 

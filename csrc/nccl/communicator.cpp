@@ -186,6 +186,18 @@ void Communicator::check(ncclResult_t result, const char* call) {
       comm_);
 }
 
+void Communicator::setTimeout(std::chrono::milliseconds timeout) {
+  timeout_.store(timeout, std::memory_order_relaxed);
+  std::shared_ptr<Communicator> twin;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    twin = withoutWindows_;
+  }
+  if (twin) {
+    twin->setTimeout(timeout);
+  }
+}
+
 std::optional<ncclResult_t> Communicator::pollUntilSettled() {
   const auto deadline = std::chrono::steady_clock::now() + timeout();
   while (true) {
@@ -345,6 +357,7 @@ Communicator::registerWindow(void* ptr, size_t bytes, int flags) {
     if (isAborted()) {
       twin->abort(); // aborted meanwhile: the twin goes with it
     }
+    twin->setTimeout(timeout()); // a setTimeout since the split
     withoutWindows_ = std::move(twin);
     hasTwin_.store(true, std::memory_order_release);
   }

@@ -98,9 +98,8 @@ class Communicator final : public AllocationObserver,
   std::chrono::milliseconds timeout() const {
     return timeout_.load(std::memory_order_relaxed);
   }
-  void setTimeout(std::chrono::milliseconds timeout) {
-    timeout_.store(timeout, std::memory_order_relaxed);
-  }
+  // Also the window-free twin's, which serves this communicator's ops.
+  void setTimeout(std::chrono::milliseconds timeout);
 
   // Raises DistBackendError naming `call` unless `result` is a success. On a
   // nonblocking communicator ncclInProgress is waited for first.

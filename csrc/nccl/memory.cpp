@@ -5,12 +5,12 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <nccl.h>
 
-#include <atomic>
 #include <mutex>
 #include <vector>
 
 #include "nccl/allocations.h"
 #include "nccl/api.h"
+#include "nccl/blocking_wait.h"
 #include "nccl/dtypes.h"
 #include "nccl/errors.h"
 
@@ -26,8 +26,6 @@ void* allocate(size_t bytes, c10::DeviceIndex device) {
   return ptr;
 }
 
-std::atomic<BlockingWaitRunner> blockingWaitRunner{nullptr};
-
 void synchronizeDevice(void* /*unused*/) {
   C10_CUDA_CHECK_WARN(cudaDeviceSynchronize());
 }
@@ -40,9 +38,8 @@ void release(void* ptr, c10::DeviceIndex device, bool withoutGil) {
   // ncclMemFree unmaps at once; kernels on any stream may still use the
   // memory, so wait for the device first (as the caching allocator does
   // before it hands memory back).
-  BlockingWaitRunner runner = blockingWaitRunner.load();
-  if (withoutGil && runner != nullptr) {
-    runner(synchronizeDevice, nullptr);
+  if (withoutGil) {
+    runBlockingWait(synchronizeDevice, nullptr);
   } else {
     synchronizeDevice(nullptr);
   }
@@ -131,10 +128,6 @@ at::Tensor emptyTensor(
       ncclAllocator(device).get(),
       c10::DispatchKeySet(c10::DispatchKey::CUDA),
       dtype);
-}
-
-void setBlockingWaitRunner(BlockingWaitRunner runner) {
-  blockingWaitRunner.store(runner);
 }
 
 } // namespace nccl_core

@@ -21,12 +21,6 @@ at::Tensor emptyTensor(
     c10::DeviceIndex device,
     bool columnMajor);
 
-// Freeing NCCL memory waits for the whole device. A program may free it with
-// Python's GIL held while a GPU op is stuck, so the Python bindings install a
-// function that runs `wait(arg)` without the GIL where the caller holds it.
-using BlockingWaitRunner = void (*)(void (*wait)(void*), void* arg);
-void setBlockingWaitRunner(BlockingWaitRunner runner);
-
 } // namespace nccl_core
 
 // Entry points of torch.cuda.memory.CUDAPluggableAllocator, for mem_pool().

@@ -7,6 +7,7 @@
 
 #include "backend/arguments.h"
 #include "backend/backend.h"
+#include "nccl/blocking_wait.h"
 #include "nccl/errors.h"
 #include "nccl/memory.h"
 #include "nccl/version.h"

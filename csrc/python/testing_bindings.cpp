@@ -158,13 +158,10 @@ void bindFakeNccl(py::module_& testing) {
   py::class_<Fake>(
       testing,
       "FakeNccl",
-      "Installs a scripted NCCL until uninstalled (a context manager; see "
-      "fake_nccl.h); "
+      "Installs a scripted NCCL until uninstall() (see fake_nccl.h); "
       "communicators of the fake come from create_communicator.")
       .def(py::init<>())
       .def("uninstall", &Fake::uninstall)
-      .def("__enter__", [](Fake& fake) -> Fake& { return fake; })
-      .def("__exit__", [](Fake& fake, const py::args&) { fake.uninstall(); })
       .def("hold", &Fake::hold, py::arg("call"))
       .def("release", &Fake::release, py::arg("call"))
       .def("fail_next", &Fake::failNext, py::arg("call"), py::arg("result"))

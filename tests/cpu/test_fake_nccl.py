@@ -9,6 +9,7 @@ a call on a freed communicator) is counted. So this runs in CI, which has no GPU
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -23,17 +24,27 @@ NCCL_SYSTEM_ERROR = 2  # ncclSystemError
 NCCL_REMOTE_ERROR = 6  # ncclRemoteError
 
 
+# Fakes left installed because communicators of theirs outlived a failed test.
+_KEPT: list = []
+
+
 @pytest.fixture
 def fake():
-    with testing.FakeNccl() as fake:
-        yield fake
-        # A raised error's traceback keeps the test's frame, and so its
-        # communicators, in a cycle: free them while the fake is installed.
-        gc.collect()
-        # Every communicator a test made must be gone before real NCCL is back.
-        assert fake.live == 0
-        assert fake.aborted_under_call == 0
-        assert fake.used_after_free == 0
+    fake = testing.FakeNccl()
+    yield fake
+    # A raised error's traceback keeps the test's frame, and so its
+    # communicators, alive: in a cycle, or in sys.last_* after a failure.
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+        if hasattr(sys, name):
+            setattr(sys, name, None)
+    gc.collect()
+    if fake.live != 0:
+        # Freeing them later under real NCCL would crash: keep the fake.
+        _KEPT.append(fake)
+        pytest.fail(f"{fake.live} communicators of the fake outlived the test")
+    fake.uninstall()
+    assert fake.aborted_under_call == 0
+    assert fake.used_after_free == 0
 
 
 def create(timeout_s: float = 5.0, blocking: bool = False, label: str = "group 'g'"):
