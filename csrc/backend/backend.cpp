@@ -13,6 +13,7 @@
 
 #include "backend/arguments.h"
 #include "backend/launch.h"
+#include "backend/op_profile.h"
 #include "nccl/api.h"
 #include "nccl/errors.h"
 

@@ -5,6 +5,7 @@
 
 #include <ATen/cuda/MemPool.h>
 #include <c10/cuda/CUDAStream.h>
+#include <c10/util/FunctionRef.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -35,6 +36,9 @@ struct GroupOptions : c10d::Backend::Options {
     group_name = std::move(groupName);
   }
 };
+
+// The NCCL calls of one op, given the communicator's handle and the stream.
+using EnqueueFn = c10::function_ref<ncclResult_t(ncclComm_t, cudaStream_t)>;
 
 // How launch() may run an op beyond the defaults.
 struct LaunchOptions {
@@ -216,10 +220,10 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
  private:
   friend class EndCoalescingOnError;
 
-  // Runs `enqueue(comm, stream)` for one op. Synchronous ops run on the
-  // current stream; async (and coalesced) ones on the internal stream after
-  // the current one, with the tensors kept alive until the op completes.
-  template <typename Enqueue>
+  // Runs `enqueue(comm, stream)` for one op (backend/launch.cpp). Synchronous
+  // ops run on the current stream; async (and coalesced) ones on the internal
+  // stream after the current one, with the tensors kept alive until the op
+  // completes.
   c10::intrusive_ptr<c10d::Work> launch(
       c10d::OpType type,
       const char* name,
@@ -228,8 +232,54 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
       std::chrono::milliseconds timeout,
       std::vector<at::Tensor> outputs,
       std::vector<at::Tensor> inputs,
-      Enqueue&& enqueue,
+      EnqueueFn enqueue,
       LaunchOptions launchOptions = {});
+  // What launch() settled before running the op: which communicator, its
+  // number, timeout and the caller's stream.
+  struct OpPlan {
+    OpInfo info;
+    Communicator& comm;
+    at::Device device;
+    std::chrono::milliseconds timeout;
+    c10::cuda::CUDAStream current;
+    bool capturing;
+  };
+  // Routes the op and numbers it.
+  OpPlan prepare(
+      c10d::OpType type,
+      const char* name,
+      at::Device device,
+      std::chrono::milliseconds timeout,
+      const std::vector<at::Tensor>& outputs,
+      const std::vector<at::Tensor>& inputs,
+      LaunchOptions launchOptions);
+  // Notes a capture (or drops retired Work outside one) and registers the
+  // NCCL memory the op touches.
+  void beforeEnqueue(
+      const OpPlan& plan,
+      const std::vector<at::Tensor>& outputs,
+      const std::vector<at::Tensor>& inputs);
+  c10::intrusive_ptr<c10d::Work> runSync(
+      const OpPlan& plan,
+      EnqueueFn enqueue,
+      std::vector<at::Tensor> outputs);
+  c10::intrusive_ptr<c10d::Work> runAsync(
+      const OpPlan& plan,
+      EnqueueFn enqueue,
+      std::vector<at::Tensor> outputs,
+      std::vector<at::Tensor> inputs,
+      bool blocksHost);
+  c10::intrusive_ptr<c10d::Work> runCoalesced(
+      const OpPlan& plan,
+      EnqueueFn enqueue,
+      std::vector<at::Tensor> outputs,
+      std::vector<at::Tensor> inputs);
+  // The internal stream waits for the caller's; the op is enqueued there.
+  void enqueueOnInternalStream(const OpPlan& plan, EnqueueFn enqueue);
+  // A Work that owns no event: its op is ordered by the caller's stream, or
+  // by the coalesced block's Work.
+  c10::intrusive_ptr<NcclWork>
+  eventlessWork(const OpPlan& plan, std::vector<at::Tensor> outputs);
 
   // The device an op on `tensor` runs on: the communicator's, which the
   // first op creates on the tensor's device. Checks that `tensor` is a CUDA

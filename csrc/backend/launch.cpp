@@ -1,0 +1,211 @@
+// NcclCoreBackend::launch: the skeleton every op runs through. prepare()
+// settles the communicator (routing), the op's number and timeout;
+// beforeEnqueue() registers the NCCL memory it touches; runSync, runAsync and
+// runCoalesced run it.
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "backend/launch.h"
+#include "backend/op_profile.h"
+#include "backend/routing.h"
+#include "nccl/api.h"
+#include "nccl/errors.h"
+
+namespace nccl_core {
+
+namespace {
+
+// Runs an op's NCCL calls on `comm`, inside the communicator's abort fence;
+// a failure raises DistBackendError naming the op, its sequence number and
+// its group.
+void enqueueChecked(
+    Communicator& comm,
+    const OpInfo& info,
+    const std::string& group,
+    EnqueueFn enqueue,
+    cudaStream_t stream) {
+  try {
+    const Communicator::Use use = comm.use();
+    comm.check(enqueue(use.handle(), stream), info.name);
+  } catch (const c10::DistBackendError& e) {
+    C10_THROW_ERROR(
+        DistBackendError,
+        c10::str(
+            "nccl_core ",
+            info.name,
+            " (seq ",
+            info.seq,
+            ") on group '",
+            group,
+            "' failed: ",
+            e.what_without_backtrace()));
+  }
+}
+
+} // namespace
+
+c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
+    c10d::OpType type,
+    const char* name,
+    at::Device device,
+    bool asyncOp,
+    std::chrono::milliseconds timeout,
+    std::vector<at::Tensor> outputs,
+    std::vector<at::Tensor> inputs,
+    EnqueueFn enqueue,
+    LaunchOptions launchOptions) {
+  // Every CUDA and NCCL call of the op on its communicator's device, whatever
+  // the caller's current device is.
+  const c10::cuda::CUDAGuard deviceGuard(device);
+  const OpPlan plan =
+      prepare(type, name, device, timeout, outputs, inputs, launchOptions);
+  // From here on under the op's profiler range: registration can take long.
+  const OpProfile profile(
+      plan.info, *groupName_, getRank(), getSize(), inputs, outputs);
+  beforeEnqueue(plan, outputs, inputs);
+  if (coalescing_) {
+    return runCoalesced(plan, enqueue, std::move(outputs), std::move(inputs));
+  }
+  if (!asyncOp && !launchOptions.blocksHost) {
+    return runSync(plan, enqueue, std::move(outputs));
+  }
+  return runAsync(
+      plan,
+      enqueue,
+      std::move(outputs),
+      std::move(inputs),
+      launchOptions.blocksHost);
+}
+
+NcclCoreBackend::OpPlan NcclCoreBackend::prepare(
+    c10d::OpType type,
+    const char* name,
+    at::Device device,
+    std::chrono::milliseconds timeout,
+    const std::vector<at::Tensor>& outputs,
+    const std::vector<at::Tensor>& inputs,
+    LaunchOptions launchOptions) {
+  Communicator& comm =
+      launchOptions.routable && !coalescing_
+          ? routeCollective(communicator(device), type, outputs, inputs)
+          : communicator(device);
+  const c10::cuda::CUDAStream current =
+      c10::cuda::getCurrentCUDAStream(device.index());
+  return OpPlan{
+      OpInfo{type, name, ++seq_},
+      comm,
+      device,
+      timeout == c10d::kUnsetTimeout ? timeout_.load() : timeout,
+      current,
+      isCapturing(current.stream())};
+}
+
+void NcclCoreBackend::beforeEnqueue(
+    const OpPlan& plan,
+    const std::vector<at::Tensor>& outputs,
+    const std::vector<at::Tensor>& inputs) {
+  Communicator& comm = plan.comm;
+  if (plan.capturing) {
+    // Counted before NCCL makes the graph's plan, so that an abort racing
+    // this op already knows to leave NCCL's wait for the graph to a thread.
+    comm.noteCapture(plan.current.stream());
+  } else {
+    // Not under capture: freeing NCCL memory there would invalidate it.
+    watchdog_->reapRetired();
+  }
+  if (autoRegister_ && registrationGains(plan.info.type)) {
+    for (const auto* tensors : {&outputs, &inputs}) {
+      for (const at::Tensor& tensor : *tensors) {
+        comm.registerAutomatically(tensor.data_ptr(), tensor.nbytes());
+      }
+    }
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> NcclCoreBackend::runSync(
+    const OpPlan& plan,
+    EnqueueFn enqueue,
+    std::vector<at::Tensor> outputs) {
+  // Lean path: the caller's stream already orders everything.
+  const cudaStream_t stream = plan.current.stream();
+  enqueueChecked(plan.comm, plan.info, *groupName_, enqueue, stream);
+  if (!plan.capturing) {
+    watchdog_->noteSyncOp(stream, plan.info.name, plan.info.seq);
+  }
+  return eventlessWork(plan, std::move(outputs));
+}
+
+c10::intrusive_ptr<c10d::Work> NcclCoreBackend::runAsync(
+    const OpPlan& plan,
+    EnqueueFn enqueue,
+    std::vector<at::Tensor> outputs,
+    std::vector<at::Tensor> inputs,
+    bool blocksHost) {
+  enqueueOnInternalStream(plan, enqueue);
+  inputs.insert(inputs.end(), outputs.begin(), outputs.end());
+  EventPool::Event end = events_->acquire();
+  C10_CUDA_CHECK(cudaEventRecord(end.get(), stream_->stream()));
+  auto work = c10::make_intrusive<NcclWork>(
+      plan.info,
+      plan.device,
+      groupName_,
+      std::move(end),
+      plan.timeout,
+      std::move(outputs),
+      std::move(inputs),
+      blocksHost);
+  if (!plan.capturing) {
+    watchdog_->track(work);
+  }
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> NcclCoreBackend::runCoalesced(
+    const OpPlan& plan,
+    EnqueueFn enqueue,
+    std::vector<at::Tensor> outputs,
+    std::vector<at::Tensor> inputs) {
+  if (!coalescedGroup_) {
+    coalescedGroup_.emplace(plan.comm);
+    const ncclResult_t started = nccl().groupStart();
+    if (started != ncclSuccess) {
+      coalescedGroup_.reset();
+      throwNcclError(started, "ncclGroupStart", __FILE__, __LINE__);
+    }
+    coalescedDevice_ = plan.device;
+  }
+  enqueueOnInternalStream(plan, enqueue);
+  // The block's Work, returned by endCoalescing, owns the event and keeps
+  // the tensors alive; this one only stands for the op inside it.
+  coalescedTensors_.insert(
+      coalescedTensors_.end(), inputs.begin(), inputs.end());
+  coalescedTensors_.insert(
+      coalescedTensors_.end(), outputs.begin(), outputs.end());
+  return eventlessWork(plan, std::move(outputs));
+}
+
+void NcclCoreBackend::enqueueOnInternalStream(
+    const OpPlan& plan,
+    EnqueueFn enqueue) {
+  C10_CUDA_CHECK(cudaEventRecord(ready_.get(), plan.current.stream()));
+  C10_CUDA_CHECK(cudaStreamWaitEvent(stream_->stream(), ready_.get(), 0));
+  // Temporaries made while enqueueing belong to the internal stream.
+  const c10::cuda::CUDAStreamGuard guard(*stream_);
+  enqueueChecked(plan.comm, plan.info, *groupName_, enqueue, stream_->stream());
+}
+
+c10::intrusive_ptr<NcclWork> NcclCoreBackend::eventlessWork(
+    const OpPlan& plan,
+    std::vector<at::Tensor> outputs) {
+  return c10::make_intrusive<NcclWork>(
+      plan.info,
+      plan.device,
+      groupName_,
+      EventPool::Event{},
+      plan.timeout,
+      std::move(outputs),
+      std::vector<at::Tensor>{},
+      false);
+}
+
+} // namespace nccl_core
