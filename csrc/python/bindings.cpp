@@ -78,6 +78,7 @@ std::string repr(const NcclCoreOptions& o) {
       ")");
 }
 
+// Long, but a list: one pybind11 definition per bound name.
 void bindOptions(py::module_& m) {
   py::class_<NcclCoreOptions, std::shared_ptr<NcclCoreOptions>>(
       m, "Options", R"(Options of an nccl_core process group.
@@ -166,6 +167,7 @@ void bindGroupOptions(py::module_& m) {
           py::arg("memo"));
 }
 
+// Long, but a list: one pybind11 definition per bound name.
 void bindBackend(py::module_& m) {
   py::class_<
       NcclCoreBackend,

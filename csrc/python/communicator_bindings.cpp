@@ -104,6 +104,7 @@ c10d::ReduceOp asReduceOp(const std::shared_ptr<CustomRedOp>& op) {
   return reduceOp;
 }
 
+// Long, but a list: one pybind11 definition per bound name.
 void bindResources(py::module_& m) {
   py::class_<CommResource, std::shared_ptr<CommResource>>(
       m,

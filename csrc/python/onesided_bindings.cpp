@@ -145,6 +145,7 @@ py::object ginTypeOf(Communicator& comm, bool railed) {
 
 } // namespace
 
+// Long, but a list: one pybind11 definition per bound name.
 void bindOneSided(py::module_& m) {
   py::class_<DevComm, CommResource, std::shared_ptr<DevComm>>(
       m, "DevComm", "A device communicator (ncclDevComm) of a communicator.")

@@ -153,6 +153,7 @@ class WatchdogUnderTest {
   Watchdog watchdog_;
 };
 
+// Long, but a list: one pybind11 definition per bound name.
 void bindFakeNccl(py::module_& testing) {
   using Fake = FakeNccl;
   py::class_<Fake>(
