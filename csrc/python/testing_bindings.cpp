@@ -206,6 +206,13 @@ void bindFakeNccl(py::module_& testing) {
       [](Communicator& comm) { comm.abort(); },
       py::arg("comm"),
       release);
+  testing.def(
+      "set_timeout",
+      [](Communicator& comm, std::chrono::milliseconds timeout) {
+        comm.setTimeout(timeout);
+      },
+      py::arg("comm"),
+      py::arg("timeout"));
   py::class_<WatchdogUnderTest>(
       testing,
       "Watchdog",

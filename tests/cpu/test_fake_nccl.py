@@ -130,6 +130,19 @@ def test_abort_is_immediate_and_idempotent(fake):
     assert fake.calls("ncclCommSplit") == 0
 
 
+def test_a_new_timeout_bounds_later_nonblocking_calls(fake):
+    """set_timeout reaches the communicator: a split held inside NCCL ends at the new bound."""
+    comm = create(timeout_s=30.0)
+    testing.set_timeout(comm, timedelta(milliseconds=300))
+    fake.hold("ncclCommSplit")
+    start = time.monotonic()
+    with pytest.raises(dist.DistBackendError, match="did not complete within 300 ms"):
+        testing.split(comm, 0, 0)
+    assert time.monotonic() - start < 2.0
+    fake.release("ncclCommSplit")
+    assert comm.is_aborted
+
+
 def test_a_settle_that_outlives_the_timeout_aborts(fake):
     comm = create(timeout_s=0.2)
     fake.hold("ncclCommSplit")
