@@ -26,10 +26,11 @@
 namespace nccl_core {
 
 // Hooks by id, run in id order (as torch's ProcessGroup runs its own hooks).
-// A hook made from a Python callable takes the GIL when it is copied or
-// destroyed, so hooks are shared, never copied, and a replaced or removed one
-// is released outside the lock: a thread registering a hook with the GIL held
-// then never waits for one that needs the GIL.
+// The table is an immutable snapshot replaced on every change, so a run (once
+// per finished op for completion hooks) takes one reference instead of
+// copying it. A hook made from a Python callable takes the GIL when it is
+// destroyed, so a replaced snapshot is released outside the lock: a thread
+// registering a hook with the GIL held then never waits for one that needs it.
 template <typename... Args>
 class HookTable {
  public:
@@ -38,20 +39,24 @@ class HookTable {
   // Adds `hook` under `id`, replacing one of the same id.
   void add(int64_t id, Hook hook) {
     auto added = std::make_shared<const Hook>(std::move(hook));
-    std::shared_ptr<const Hook> replaced;
+    std::shared_ptr<const Table> replaced;
     std::lock_guard<std::mutex> lock(mutex_);
-    replaced = std::exchange(hooks_[id], std::move(added));
+    auto next = std::make_shared<Table>(*table_);
+    (*next)[id] = std::move(added);
+    replaced = std::exchange(table_, std::move(next));
     any_.store(true, std::memory_order_release);
   }
   // A no-op for an id that has no hook.
   void remove(int64_t id) {
-    std::shared_ptr<const Hook> removed;
+    std::shared_ptr<const Table> replaced;
     std::lock_guard<std::mutex> lock(mutex_);
-    if (auto found = hooks_.find(id); found != hooks_.end()) {
-      removed = std::move(found->second);
-      hooks_.erase(found);
+    if (table_->count(id) == 0) {
+      return;
     }
-    any_.store(!hooks_.empty(), std::memory_order_release);
+    auto next = std::make_shared<Table>(*table_);
+    next->erase(id);
+    any_.store(!next->empty(), std::memory_order_release);
+    replaced = std::exchange(table_, std::move(next));
   }
   // Lock-free, for the watchdog's per-op path.
   bool empty() const {
@@ -60,12 +65,12 @@ class HookTable {
   // Runs every hook outside the lock (a hook may take long or register
   // another). One that throws is logged and the others still run.
   void run(const char* kind, const std::string& group, Args... args) noexcept {
-    std::map<int64_t, std::shared_ptr<const Hook>> hooks;
+    std::shared_ptr<const Table> table;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      hooks = hooks_;
+      table = table_;
     }
-    for (const auto& [id, hook] : hooks) {
+    for (const auto& [id, hook] : *table) {
       try {
         (*hook)(args...);
       } catch (const std::exception& e) {
@@ -79,8 +84,10 @@ class HookTable {
   }
 
  private:
+  using Table = std::map<int64_t, std::shared_ptr<const Hook>>;
+
   std::mutex mutex_;
-  std::map<int64_t, std::shared_ptr<const Hook>> hooks_;
+  std::shared_ptr<const Table> table_ = std::make_shared<const Table>();
   std::atomic<bool> any_{false};
 };
 
