@@ -1,5 +1,6 @@
-// NcclCoreBackend lifecycle: communicator creation and splitting, coalescing,
-// abort and shutdown. The ops live in collectives.cpp and point_to_point.cpp.
+// NcclCoreBackend lifecycle: communicator creation, coalescing, abort and
+// shutdown. Groups made from a group live in child_groups.cpp, the ops in
+// collectives.cpp and point_to_point.cpp.
 #include "backend/backend.h"
 
 #include <c10/cuda/CUDAFunctions.h>
@@ -7,13 +8,13 @@
 #include <c10/util/Logging.h>
 #include <c10/util/env.h>
 
-#include <algorithm>
 #include <cstring>
 #include <thread>
 
 #include "backend/arguments.h"
 #include "backend/launch.h"
 #include "backend/op_profile.h"
+#include "backend/op_timing.h"
 #include "nccl/api.h"
 #include "nccl/errors.h"
 
@@ -29,14 +30,6 @@ int64_t nextIncarnation(c10d::Store& store, int rank) {
   return store.add(c10::str("nccl_core/incarnations/rank", rank), 1);
 }
 
-// The same value on every member of a split, different across splits.
-int splitColor(const std::vector<int>& ranks) {
-  uint32_t hash = 2166136261u; // FNV-1a
-  for (int rank : ranks) {
-    hash = (hash ^ static_cast<uint32_t>(rank)) * 16777619u;
-  }
-  return static_cast<int>(hash & 0x7fffffff);
-}
 } // namespace
 
 NcclCoreBackend::NcclCoreBackend(
@@ -57,7 +50,9 @@ NcclCoreBackend::NcclCoreBackend(
       incarnation_(nextIncarnation(*store_, rank)),
       autoRegister_(
           c10::utils::check_env("TORCH_NCCL_CORE_AUTO_REGISTER")
-              .value_or(true)) {
+              .value_or(true)),
+      timing_(
+          c10::utils::check_env("TORCH_NCCL_ENABLE_TIMING").value_or(false)) {
   options_->validate();
   if (comm) {
     setupCommunicator(std::move(comm));
@@ -278,39 +273,6 @@ at::Device NcclCoreBackend::deviceForOpWithoutTensors(
   return at::Device(at::kCUDA, device);
 }
 
-c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::split(
-    const c10::intrusive_ptr<c10d::Store>& store,
-    const std::vector<int>& ranks,
-    const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
-  Communicator& parent = communicator(deviceForOpWithoutTensors({}));
-  const auto me = std::find(ranks.begin(), ranks.end(), getRank());
-  const bool member = me != ranks.end();
-  auto childOptions = std::make_shared<NcclCoreOptions>(*options_);
-  const std::chrono::milliseconds childTimeout =
-      opts && opts->timeout.count() > 0 ? opts->timeout : timeout_.load();
-  const std::string childName =
-      opts ? opts->group_name : *groupName_ + ":split";
-  // Every rank of the parent takes part; non-members pass no color.
-  auto child = parent.split(
-      member ? splitColor(ranks) : -1,
-      member ? static_cast<int>(me - ranks.begin()) : 0,
-      childOptions->toNcclConfig(),
-      c10::str("group '", childName, "'"));
-  if (!child) {
-    return nullptr;
-  }
-  const int childRank = child->rank();
-  const int childSize = child->size();
-  return c10::make_intrusive<NcclCoreBackend>(
-      store,
-      childRank,
-      childSize,
-      childName,
-      std::move(childOptions),
-      childTimeout,
-      std::move(child));
-}
-
 void NcclCoreBackend::eagerConnectSingleDevice(at::Device device) {
   communicator(device);
 }
@@ -374,6 +336,7 @@ void NcclCoreBackend::startCoalescing() {
   coalescedGroup_.reset();
   coalescedTensors_.clear();
   coalescedDevice_.reset();
+  coalescedTiming_.reset();
 }
 
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::endCoalescing() {
@@ -405,6 +368,10 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::endCoalescing() {
     comm_->noteCapture(stream_->stream()); // before NCCL makes the plan
   }
   comm_->check(nccl().groupEnd(), "ncclGroupEnd");
+  std::unique_ptr<OpTiming> timing = std::move(coalescedTiming_);
+  if (timing) {
+    timing->end.record(*stream_);
+  }
   EventPool::Event end = events_->acquire();
   C10_CUDA_CHECK(cudaEventRecord(end.get(), stream_->stream()));
   auto work = c10::make_intrusive<NcclWork>(
@@ -416,6 +383,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::endCoalescing() {
       tensors,
       tensors,
       false);
+  work->setTiming(std::move(timing));
   if (!capturing) {
     watchdog_->track(work);
   }

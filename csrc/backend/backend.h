@@ -168,12 +168,27 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
       const c10::intrusive_ptr<c10d::Store>& store,
       const std::vector<int>& ranks,
       const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
+  bool supportsShrinking() const override {
+    return true; // ncclCommShrink is in every NCCL this package loads on
+  }
+  // The group without `ranksToExclude` (torch.distributed.shrink_group),
+  // through ncclCommShrink on the ranks that stay. NCCL_SHRINK_ABORT first
+  // ends the ops in flight here, which leaves this group failed.
+  c10::intrusive_ptr<c10d::Backend> shrink(
+      const std::vector<int64_t>& ranksToExclude,
+      int shrinkFlags,
+      const c10::intrusive_ptr<c10d::Backend::Options>& optsOverride) override;
   void eagerConnectSingleDevice(at::Device device) override;
   c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override;
   c10d::ErrorType getError() override;
   // The timeout of ops issued from now on, of synchronous ops in flight, and
   // of the communicator's later nonblocking calls (dist.set_timeout).
   void setTimeout(std::chrono::milliseconds timeout) override;
+  // Times every op issued from now on (Work.get_duration), as
+  // TORCH_NCCL_ENABLE_TIMING=1 does from the start.
+  void enableCollectivesTiming() override {
+    timing_.store(true, std::memory_order_relaxed);
+  }
 #ifdef C10D_BACKEND_HAS_HOOKS
   // Run by the watchdog before it aborts the group on a timeout, an NCCL
   // error or a peer's abort (not on abort() or shutdown()).
@@ -274,8 +289,15 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
       EnqueueFn enqueue,
       std::vector<at::Tensor> outputs,
       std::vector<at::Tensor> inputs);
-  // The internal stream waits for the caller's; the op is enqueued there.
-  void enqueueOnInternalStream(const OpPlan& plan, EnqueueFn enqueue);
+  // The internal stream waits for the caller's.
+  void orderInternalStream(const OpPlan& plan);
+  // The op is enqueued on the internal stream, timed by `timing` if set.
+  void enqueueOnInternalStream(
+      const OpPlan& plan,
+      EnqueueFn enqueue,
+      OpTiming* timing = nullptr);
+  // Timing events for the op, when collectives timing is on.
+  std::unique_ptr<OpTiming> timingFor(const OpPlan& plan) const;
   // A Work that owns no event: its op is ordered by the caller's stream, or
   // by the coalesced block's Work.
   c10::intrusive_ptr<NcclWork>
@@ -293,6 +315,17 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
       const at::Tensor& output,
       c10d::ReduceOp::RedOpType op,
       cudaStream_t stream);
+  // A group over `comm`, made from this one: its options, and the timeout
+  // and name `opts` give.
+  c10::intrusive_ptr<NcclCoreBackend> child(
+      const c10::intrusive_ptr<c10d::Store>& store,
+      std::shared_ptr<Communicator> comm,
+      std::string name,
+      const c10::intrusive_ptr<c10d::Backend::Options>& opts);
+  // shrink's arguments, checked: the excluded ranks, sorted.
+  std::vector<int> checkedExclusions(
+      const std::vector<int64_t>& ranksToExclude,
+      int shrinkFlags) const;
   void initCommunicator(at::Device device);
   void setupCommunicator(std::shared_ptr<Communicator> comm);
   at::Device deviceForOpWithoutTensors(const std::vector<int64_t>& deviceIds);
@@ -340,6 +373,8 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   // TORCH_NCCL_CORE_AUTO_REGISTER (default on): register NCCL memory that
   // ops touch.
   const bool autoRegister_;
+  // TORCH_NCCL_ENABLE_TIMING, or enableCollectivesTiming(): time every op.
+  std::atomic<bool> timing_;
   std::unique_ptr<at::cuda::MemPool> memPool_;          // for allocateTensor
   std::unique_ptr<CopyEngineReduceScatter> copyEngine_; // made on first use
   uint64_t seq_ = 0;
@@ -351,6 +386,7 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   std::optional<Communicator::Use> coalescedGroup_;
   std::vector<at::Tensor> coalescedTensors_;
   std::optional<at::Device> coalescedDevice_;
+  std::unique_ptr<OpTiming> coalescedTiming_;
 };
 
 // Placed first in every op: if the op raises inside a coalescing block, the

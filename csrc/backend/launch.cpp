@@ -7,6 +7,7 @@
 
 #include "backend/launch.h"
 #include "backend/op_profile.h"
+#include "backend/op_timing.h"
 #include "backend/routing.h"
 #include "nccl/api.h"
 #include "nccl/errors.h"
@@ -23,10 +24,17 @@ void enqueueChecked(
     const OpInfo& info,
     const std::string& group,
     EnqueueFn enqueue,
-    cudaStream_t stream) {
+    const c10::cuda::CUDAStream& stream,
+    OpTiming* timing = nullptr) {
   try {
     const Communicator::Use use = comm.use();
-    comm.check(enqueue(use.handle(), stream), info.name);
+    if (timing) {
+      timing->start.record(stream);
+    }
+    comm.check(enqueue(use.handle(), stream.stream()), info.name);
+    if (timing) {
+      timing->end.record(stream);
+    }
   } catch (const c10::DistBackendError& e) {
     C10_THROW_ERROR(
         DistBackendError,
@@ -127,12 +135,15 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::runSync(
     EnqueueFn enqueue,
     std::vector<at::Tensor> outputs) {
   // Lean path: the caller's stream already orders everything.
-  const cudaStream_t stream = plan.current.stream();
-  enqueueChecked(plan.comm, plan.info, *groupName_, enqueue, stream);
+  std::unique_ptr<OpTiming> timing = timingFor(plan);
+  enqueueChecked(
+      plan.comm, plan.info, *groupName_, enqueue, plan.current, timing.get());
   if (!plan.capturing) {
-    watchdog_->noteSyncOp(stream, plan.info.name, plan.info.seq);
+    watchdog_->noteSyncOp(plan.current.stream(), plan.info.name, plan.info.seq);
   }
-  return eventlessWork(plan, std::move(outputs));
+  auto work = eventlessWork(plan, std::move(outputs));
+  work->setTiming(std::move(timing));
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::runAsync(
@@ -141,7 +152,9 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::runAsync(
     std::vector<at::Tensor> outputs,
     std::vector<at::Tensor> inputs,
     bool blocksHost) {
-  enqueueOnInternalStream(plan, enqueue);
+  std::unique_ptr<OpTiming> timing = timingFor(plan);
+  orderInternalStream(plan);
+  enqueueOnInternalStream(plan, enqueue, timing.get());
   inputs.insert(inputs.end(), outputs.begin(), outputs.end());
   EventPool::Event end = events_->acquire();
   C10_CUDA_CHECK(cudaEventRecord(end.get(), stream_->stream()));
@@ -154,6 +167,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::runAsync(
       std::move(outputs),
       std::move(inputs),
       blocksHost);
+  work->setTiming(std::move(timing));
   if (!plan.capturing) {
     watchdog_->track(work);
   }
@@ -165,7 +179,8 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::runCoalesced(
     EnqueueFn enqueue,
     std::vector<at::Tensor> outputs,
     std::vector<at::Tensor> inputs) {
-  if (!coalescedGroup_) {
+  const bool opensBlock = !coalescedGroup_;
+  if (opensBlock) {
     coalescedGroup_.emplace(plan.comm);
     const ncclResult_t started = nccl().groupStart();
     if (started != ncclSuccess) {
@@ -173,6 +188,14 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::runCoalesced(
       throwNcclError(started, "ncclGroupStart", __FILE__, __LINE__);
     }
     coalescedDevice_ = plan.device;
+  }
+  orderInternalStream(plan);
+  if (opensBlock) {
+    // The block is timed as one op: its kernels start at ncclGroupEnd.
+    coalescedTiming_ = timingFor(plan);
+    if (coalescedTiming_) {
+      coalescedTiming_->start.record(*stream_);
+    }
   }
   enqueueOnInternalStream(plan, enqueue);
   // The block's Work, returned by endCoalescing, owns the event and keeps
@@ -184,14 +207,25 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::runCoalesced(
   return eventlessWork(plan, std::move(outputs));
 }
 
-void NcclCoreBackend::enqueueOnInternalStream(
-    const OpPlan& plan,
-    EnqueueFn enqueue) {
+void NcclCoreBackend::orderInternalStream(const OpPlan& plan) {
   C10_CUDA_CHECK(cudaEventRecord(ready_.get(), plan.current.stream()));
   C10_CUDA_CHECK(cudaStreamWaitEvent(stream_->stream(), ready_.get(), 0));
+}
+
+void NcclCoreBackend::enqueueOnInternalStream(
+    const OpPlan& plan,
+    EnqueueFn enqueue,
+    OpTiming* timing) {
   // Temporaries made while enqueueing belong to the internal stream.
   const c10::cuda::CUDAStreamGuard guard(*stream_);
-  enqueueChecked(plan.comm, plan.info, *groupName_, enqueue, stream_->stream());
+  enqueueChecked(plan.comm, plan.info, *groupName_, enqueue, *stream_, timing);
+}
+
+std::unique_ptr<OpTiming> NcclCoreBackend::timingFor(const OpPlan& plan) const {
+  // A captured event records no time.
+  return timing_.load(std::memory_order_relaxed) && !plan.capturing
+             ? std::make_unique<OpTiming>()
+             : nullptr;
 }
 
 c10::intrusive_ptr<NcclWork> NcclCoreBackend::eventlessWork(

@@ -7,6 +7,8 @@
 
 #include <thread>
 
+#include "backend/op_timing.h"
+
 namespace nccl_core {
 
 namespace {
@@ -35,6 +37,12 @@ NcclWork::NcclWork(
       blocksHost_(blocksHost),
       outputs_(std::move(outputs)),
       stash_(std::move(stash)) {}
+
+NcclWork::~NcclWork() = default;
+
+void NcclWork::setTiming(std::unique_ptr<OpTiming> timing) {
+  timing_ = std::move(timing);
+}
 
 bool NcclWork::gpuDone() const {
   if (!end_) {
@@ -151,6 +159,19 @@ c10::intrusive_ptr<c10::ivalue::Future> NcclWork::getFuture() {
 
 uint64_t NcclWork::getSequencenumber() const {
   return info_.seq;
+}
+
+float NcclWork::getDuration() const {
+  TORCH_CHECK(
+      timing_,
+      describe(),
+      " was not timed: set TORCH_NCCL_ENABLE_TIMING=1 before the group is "
+      "made to time its ops");
+  TORCH_CHECK(
+      !failure_.failed() && timing_->end.query(),
+      describe(),
+      " has not finished successfully: its duration is known once it has");
+  return timing_->start.elapsed_time(timing_->end);
 }
 
 std::string NcclWork::describe() const {

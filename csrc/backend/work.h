@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <chrono>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -15,6 +16,8 @@
 #include "backend/failure.h"
 
 namespace nccl_core {
+
+struct OpTiming; // op_timing.h
 
 struct OpInfo {
   c10d::OpType type;
@@ -33,6 +36,7 @@ class NcclWork : public c10d::Work {
       std::vector<at::Tensor> outputs,
       std::vector<at::Tensor> stash,
       bool blocksHost);
+  ~NcclWork() override;
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -45,12 +49,13 @@ class NcclWork : public c10d::Work {
   std::vector<at::Tensor> result() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override;
+  // Milliseconds of GPU time the op took, once it finished; only for ops
+  // issued with collectives timing on (op_timing.h).
+  float getDuration() const override;
+  void setTiming(std::unique_ptr<OpTiming> timing);
 
   // For the watchdog.
   bool gpuDone() const;
-  bool tracked() const {
-    return end_ != nullptr;
-  }
   bool pastDeadline(std::chrono::steady_clock::time_point now) const {
     return now > deadline_;
   }
@@ -70,6 +75,7 @@ class NcclWork : public c10d::Work {
   const bool blocksHost_;
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> stash_;
+  std::unique_ptr<OpTiming> timing_;
   FailureState failure_;
   std::mutex futureMutex_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;

@@ -30,6 +30,7 @@ NcclApi makeRealApi() {
   api.getLastError = &ncclGetLastError;
   api.commInitRankConfig = &ncclCommInitRankConfig;
   api.commSplit = &ncclCommSplit;
+  api.commShrink = &ncclCommShrink;
   api.commUserRank = &ncclCommUserRank;
   api.commCount = &ncclCommCount;
   api.commGetAsyncError = &ncclCommGetAsyncError;

@@ -28,6 +28,7 @@ struct NcclApi {
   decltype(&ncclGetLastError) getLastError;
   decltype(&ncclCommInitRankConfig) commInitRankConfig;
   decltype(&ncclCommSplit) commSplit;
+  decltype(&ncclCommShrink) commShrink;
   decltype(&ncclCommUserRank) commUserRank;
   decltype(&ncclCommCount) commCount;
   decltype(&ncclCommGetAsyncError) commGetAsyncError;

@@ -56,26 +56,60 @@ std::shared_ptr<Communicator> Communicator::split(
     int key,
     ncclConfig_t config,
     std::string label) {
+  return derive(
+      "ncclCommSplit",
+      config,
+      std::move(label),
+      [&](ncclComm_t parent, ncclComm_t* child) {
+        return nccl().commSplit(
+            parent,
+            color < 0 ? NCCL_SPLIT_NOCOLOR : color,
+            key,
+            child,
+            &config);
+      });
+}
+
+std::shared_ptr<Communicator> Communicator::shrink(
+    std::vector<int> excludedRanks,
+    int flags,
+    ncclConfig_t config,
+    std::string label) {
+  return derive(
+      "ncclCommShrink",
+      config,
+      std::move(label),
+      [&](ncclComm_t parent, ncclComm_t* child) {
+        return nccl().commShrink(
+            parent,
+            excludedRanks.data(),
+            static_cast<int>(excludedRanks.size()),
+            child,
+            &config,
+            flags);
+      });
+}
+
+std::shared_ptr<Communicator> Communicator::derive(
+    const char* call,
+    const ncclConfig_t& config,
+    std::string label,
+    c10::function_ref<ncclResult_t(ncclComm_t, ncclComm_t*)> make) {
   DeviceGuard guard(device_);
   ncclComm_t child = nullptr;
   {
-    Use use(*this);
-    const ncclResult_t result = nccl().commSplit(
-        use.handle(),
-        color < 0 ? NCCL_SPLIT_NOCOLOR : color,
-        key,
-        &child,
-        &config);
+    const Use use(*this);
+    const ncclResult_t result = make(use.handle(), &child);
     if (result != ncclSuccess && result != ncclInProgress) {
-      throwNcclError(result, "ncclCommSplit", __FILE__, __LINE__, comm_);
+      throwNcclError(result, call, __FILE__, __LINE__, comm_);
     }
   }
   if (nonblocking_) {
-    // The parent's config decides: the split runs asynchronously and `child`
+    // The parent's config decides: the call runs asynchronously and `child`
     // is only written once the parent has settled.
-    const ncclResult_t state = settle("ncclCommSplit");
+    const ncclResult_t state = settle(call);
     if (state != ncclSuccess) {
-      throwNcclError(state, "ncclCommSplit", __FILE__, __LINE__, comm_);
+      throwNcclError(state, call, __FILE__, __LINE__, comm_);
     }
   }
   if (child == nullptr) {
@@ -93,7 +127,7 @@ std::shared_ptr<Communicator> Communicator::split(
       config,
       timeout(),
       std::move(label));
-  get(); // aborted meanwhile: the split fails, and the child goes with it
+  get(); // aborted meanwhile: the call fails, and the child goes with it
   return adopted;
 }
 

@@ -2,6 +2,7 @@
 // it. Nothing outside csrc/nccl calls ncclComm* directly.
 #pragma once
 
+#include <c10/util/FunctionRef.h>
 #include <nccl.h>
 
 #include <atomic>
@@ -46,6 +47,14 @@ class Communicator final : public AllocationObserver,
   // the new one in errors.
   std::shared_ptr<Communicator>
   split(int color, int key, ncclConfig_t config, std::string label);
+  // ncclCommShrink (NCCL >= 2.27), collective over the ranks that stay:
+  // a communicator without `excludedRanks`, the others renumbered in order.
+  // `flags` NCCL_SHRINK_ABORT first ends the ops in flight on this one.
+  std::shared_ptr<Communicator> shrink(
+      std::vector<int> excludedRanks,
+      int flags,
+      ncclConfig_t config,
+      std::string label);
 
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -187,6 +196,14 @@ class Communicator final : public AllocationObserver,
       const ncclConfig_t& config,
       std::chrono::milliseconds timeout,
       std::string label);
+  // A communicator `make(parent, &child)` derives from this one through
+  // `call`: made under a Use, settled by the parent's config, then owned.
+  // Null when `make` leaves this rank out.
+  std::shared_ptr<Communicator> derive(
+      const char* call,
+      const ncclConfig_t& config,
+      std::string label,
+      c10::function_ref<ncclResult_t(ncclComm_t, ncclComm_t*)> make);
   [[noreturn]] void raiseAborted() const;
   // ncclCommAbort, once: by abort() when no Use is held, else by the last
   // Use to end.

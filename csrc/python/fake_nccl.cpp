@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <utility>
@@ -59,8 +60,35 @@ ncclResult_t splitComm(
   }
   *newcomm = nullptr;
   if (color != NCCL_SPLIT_NOCOLOR) {
-    FakeNccl::current().split(parent, key, newcomm, config);
+    FakeNccl::current().derive(parent, key, parent->size, newcomm, config);
   }
+  return call.result;
+}
+
+ncclResult_t shrinkComm(
+    ncclComm_t comm,
+    int* excludeRanksList,
+    int excludeRanksCount,
+    ncclComm_t* newcomm,
+    ncclConfig_t* config,
+    int shrinkFlags) {
+  FakeNccl::Comm* parent = fakeOf(comm);
+  const Call call("ncclCommShrink", parent);
+  FakeNccl::current().noteShrinkFlags(shrinkFlags);
+  if (call.result != ncclSuccess && call.result != ncclInProgress) {
+    return call.result;
+  }
+  // The ranks that stay keep their order.
+  const int below = static_cast<int>(std::count_if(
+      excludeRanksList, excludeRanksList + excludeRanksCount, [&](int rank) {
+        return rank < parent->rank;
+      }));
+  FakeNccl::current().derive(
+      parent,
+      parent->rank - below,
+      parent->size - excludeRanksCount,
+      newcomm,
+      config);
   return call.result;
 }
 
@@ -119,6 +147,7 @@ FakeNccl::FakeNccl() {
   table_.getLastError = &lastError;
   table_.commInitRankConfig = &initRankConfig;
   table_.commSplit = &splitComm;
+  table_.commShrink = &shrinkComm;
   table_.commUserRank = &userRank;
   table_.commCount = &count;
   table_.commGetAsyncError = &asyncError;
@@ -213,20 +242,31 @@ FakeNccl::Comm* FakeNccl::make(
   return makeLocked(rank, size, config, parentBlocks);
 }
 
-ncclResult_t FakeNccl::split(
+void FakeNccl::derive(
     Comm* parent,
-    int key,
+    int rank,
+    int size,
     ncclComm_t* child,
     const ncclConfig_t* config) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!parent->pending.empty()) {
     parent->pendingChild = child;
     parent->pendingConfig = config;
-    parent->pendingKey = key;
+    parent->pendingRank = rank;
+    parent->pendingSize = size;
   } else {
-    *child = handleOf(makeLocked(key, parent->size, config, parent->blocking));
+    *child = handleOf(makeLocked(rank, size, config, parent->blocking));
   }
-  return ncclSuccess;
+}
+
+int FakeNccl::lastShrinkFlags() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return lastShrinkFlags_;
+}
+
+void FakeNccl::noteShrinkFlags(int flags) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  lastShrinkFlags_ = flags;
 }
 
 FakeNccl::Comm* FakeNccl::makeLocked(
@@ -286,7 +326,10 @@ ncclResult_t FakeNccl::asyncState(Comm* comm, ncclResult_t* state) {
     comm->pending.clear();
     if (comm->pendingChild != nullptr) {
       *std::exchange(comm->pendingChild, nullptr) = handleOf(makeLocked(
-          comm->pendingKey, comm->size, comm->pendingConfig, comm->blocking));
+          comm->pendingRank,
+          comm->pendingSize,
+          comm->pendingConfig,
+          comm->blocking));
     }
   }
   *state = asyncError_;

@@ -58,11 +58,12 @@ class FakeNccl {
     bool freed = false;
     int inside = 0;
     std::string pending; // a nonblocking call still in progress
-    // Where a pending split writes its child once it completes (as NCCL
-    // writes it only then).
+    // Where a pending split or shrink writes its child once it completes
+    // (as NCCL writes it only then), and the child's rank and size.
     ncclComm_t* pendingChild = nullptr;
     const ncclConfig_t* pendingConfig = nullptr;
-    int pendingKey = 0;
+    int pendingRank = 0;
+    int pendingSize = 0;
   };
 
   // Entry and exit of a call on `comm` (may be null); returns the scripted
@@ -70,9 +71,17 @@ class FakeNccl {
   ncclResult_t enter(const char* call, Comm* comm);
   void leave(const char* call, Comm* comm);
   Comm* make(int rank, int size, const ncclConfig_t* config, bool parentBlocks);
-  // A split: its child now, or once a held nonblocking split completes.
-  ncclResult_t
-  split(Comm* parent, int key, ncclComm_t* child, const ncclConfig_t* config);
+  // A split or shrink: its child of `rank` and `size` now, or once the held
+  // nonblocking call completes.
+  void derive(
+      Comm* parent,
+      int rank,
+      int size,
+      ncclComm_t* child,
+      const ncclConfig_t* config);
+  // The flags of the last ncclCommShrink.
+  int lastShrinkFlags();
+  void noteShrinkFlags(int flags);
   ncclResult_t asyncState(Comm* comm, ncclResult_t* state);
   void abort(Comm* comm);
 
@@ -89,6 +98,7 @@ class FakeNccl {
   ncclResult_t asyncError_ = ncclSuccess;
   int abortedUnderCall_ = 0;
   int usedAfterFree_ = 0;
+  int lastShrinkFlags_ = -1;
   std::vector<std::unique_ptr<Comm>> comms_; // never freed: misuse is seen
   NcclApi table_{};
 };

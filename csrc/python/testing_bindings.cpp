@@ -171,7 +171,8 @@ void bindFakeNccl(py::module_& testing) {
       .def("inside", &Fake::inside, py::arg("call"))
       .def_property_readonly("live", &Fake::live)
       .def_property_readonly("aborted_under_call", &Fake::abortedUnderCall)
-      .def_property_readonly("used_after_free", &Fake::usedAfterFree);
+      .def_property_readonly("used_after_free", &Fake::usedAfterFree)
+      .def_property_readonly("last_shrink_flags", &Fake::lastShrinkFlags);
   const auto release = py::call_guard<py::gil_scoped_release>();
   testing.def(
       "create_communicator",
@@ -200,6 +201,17 @@ void bindFakeNccl(py::module_& testing) {
       py::arg("comm"),
       py::arg("color"),
       py::arg("key"),
+      release);
+  testing.def(
+      "shrink",
+      [](Communicator& comm, std::vector<int> excluded, int flags) {
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        return comm.shrink(
+            std::move(excluded), flags, config, "group 'shrunk'");
+      },
+      py::arg("comm"),
+      py::arg("excluded"),
+      py::arg("flags"),
       release);
   testing.def(
       "abort",

@@ -155,6 +155,44 @@ def test_a_settle_that_outlives_the_timeout_aborts(fake):
     assert comm.is_aborted and fake.calls("ncclCommAbort") == 1
 
 
+NCCL_SHRINK_ABORT = 1
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "nonblocking"])
+def test_shrink_renumbers_the_ranks_that_stay(fake, blocking):
+    comm = testing.create_communicator(4, 2, timedelta(seconds=5), blocking, "group 'g'")
+    child = testing.shrink(comm, [0, 3], NCCL_SHRINK_ABORT)
+    assert (child.rank, child.size) == (1, 2)
+    assert fake.last_shrink_flags == NCCL_SHRINK_ABORT
+    assert not comm.is_aborted  # the parent stays the caller's to end
+    testing.abort(child)
+    testing.abort(comm)
+
+
+def test_a_shrink_that_outlives_the_timeout_aborts_and_names_the_call(fake):
+    comm = create(timeout_s=0.2)
+    fake.hold("ncclCommShrink")
+    start = time.monotonic()
+    with pytest.raises(
+        dist.DistBackendError, match=r"ncclCommShrink .*did not complete within 200 ms"
+    ):
+        testing.shrink(comm, [1], 0)
+    assert time.monotonic() - start < 2.0
+    fake.release("ncclCommShrink")
+    assert comm.is_aborted and fake.calls("ncclCommAbort") == 1
+
+
+def test_a_failed_shrink_names_the_call_and_leaves_the_parent_usable(fake):
+    comm = create(blocking=True)
+    fake.fail_next("ncclCommShrink", NCCL_SYSTEM_ERROR)
+    with pytest.raises(dist.DistBackendError, match=r"ncclCommShrink.*ncclSystemError"):
+        testing.shrink(comm, [1], 0)
+    assert not comm.is_aborted
+    child = testing.split(comm, 0, 0)
+    testing.abort(child)
+    testing.abort(comm)
+
+
 def watchdog(comm, store, timeout_s: float = 30.0):
     return testing.Watchdog(comm, store, "g", "abort-key", timedelta(seconds=timeout_s))
 

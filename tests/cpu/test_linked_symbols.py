@@ -24,6 +24,7 @@ NCCL_2_28_SYMBOLS_USED = {
     "ncclCommGetAsyncError",
     "ncclCommInitRankConfig",
     "ncclCommRegister",
+    "ncclCommShrink",
     "ncclCommSplit",
     "ncclCommUserRank",
     "ncclCommWindowDeregister",

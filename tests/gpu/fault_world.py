@@ -214,6 +214,37 @@ def reinit_after_failure(job_store) -> dict:
     }
 
 
+def shrink_past_a_silent_rank(job_store) -> dict:
+    """Rank 1 stops taking part; rank 0, its all_reduce hung on rank 1, shrinks the world with
+    SHRINK_ABORT well within the timeout and goes on alone: the hung op fails (it never
+    finished), the shrunk world computes, and destroy returns at once."""
+    timeout_s = 60.0
+    init(job_store, timeout_s)
+    first = probe()
+    report: dict = {"first": first}
+    if RANK == 0:
+        hung = dist.all_reduce(torch.ones(NUMEL, device=DEVICE), async_op=True)
+        time.sleep(0.5)
+        start = time.monotonic()
+        dist.shrink_group([1], shrink_flags=dist.distributed_c10d.SHRINK_ABORT)
+        report["shrink_s"] = time.monotonic() - start
+        try:
+            hung.wait()
+            report["hung_op"] = "completed"
+        except dist.DistBackendError as e:
+            report["hung_op"] = str(e)
+        report["world"] = dist.get_world_size()
+        report["after"] = probe()
+        start = time.monotonic()
+        dist.destroy_process_group()
+        report["destroy_s"] = time.monotonic() - start
+        job_store.set("shrunk", "1")
+    else:
+        job_store.wait(["shrunk"], timedelta(seconds=timeout_s))
+        dist.destroy_process_group()
+    return report
+
+
 def watchdog_frees_nothing(job_store) -> dict:
     """The watchdog retires Work holding the last reference to NCCL memory, while a later op
     hangs: freeing that memory waits for the device, so the watchdog must not do it."""
@@ -698,6 +729,7 @@ SCENARIOS = {
     "abort_with_live_graph": lambda s: teardown_with_live_graph(s, "abort"),
     "exit_with_live_graph": lambda s: teardown_with_live_graph(s, "exit"),
     "reinit_after_failure": reinit_after_failure,
+    "shrink_past_a_silent_rank": shrink_past_a_silent_rank,
     "watchdog_frees_nothing": watchdog_frees_nothing,
     "no_set_device": no_set_device,
     "destroy_world_on_thread": destroy_world_on_thread,

@@ -77,6 +77,17 @@ def test_reinit_after_a_failure_and_with_a_late_rank(rank):
 
 
 @pytest.mark.timeout(150, method="thread")
+def test_shrink_with_abort_goes_on_without_a_silent_rank(rank):
+    report = scenario(rank, "shrink_past_a_silent_rank")
+    assert report["first"]
+    if rank == 0:
+        assert report["shrink_s"] < 10.0, report  # not the 60 s timeout
+        assert "SHRINK_ABORT" in report["hung_op"], report
+        assert report["world"] == 1 and report["after"], report
+        assert report["destroy_s"] < 5.0, report
+
+
+@pytest.mark.timeout(150, method="thread")
 def test_watchdog_never_frees_nccl_memory(rank):
     """Was: the watchdog freed NCCL memory (a device-wide wait) behind a hung op: no abort."""
     report = scenario(rank, "watchdog_frees_nothing", timeout_s=120.0)

@@ -64,6 +64,29 @@ def test_split_group(rank, split_ranks):
     assert_equal(*probe)
 
 
+@pytest.mark.skipif(not hasattr(dist, "shrink_group"), reason="this torch has no shrink_group")
+@pytest.mark.parametrize("flags", ["SHRINK_DEFAULT", "SHRINK_ABORT"])
+def test_shrink_group_leaves_the_excluded_rank_out(rank, flags):
+    group = dist.new_group(list(range(WORLD_SIZE)), backend="nccl_core")
+    before = probe_group(group)  # the communicator exists on both ranks
+    supports = group._get_backend(torch.device("cuda")).supports_shrinking
+    if rank == 0:  # the excluded rank never calls shrink_group (NCCL's contract)
+        shrunk = dist.shrink_group(
+            [1], group=group, shrink_flags=getattr(dist.distributed_c10d, flags)
+        )
+        size, backend = dist.get_world_size(shrunk), dist.get_backend(shrunk)
+        after = probe_group(shrunk)
+        dist.destroy_process_group(shrunk)
+    else:
+        dist.destroy_process_group(group)
+        size, backend, after = 1, "nccl_core", before
+    dist.barrier()
+    assert supports
+    assert_equal(*before)
+    assert (size, backend) == (1, "nccl_core")
+    assert_equal(*after)
+
+
 def test_device_mesh_and_dtensor(rank):
     mesh = init_device_mesh("cuda", (WORLD_SIZE,), mesh_dim_names=("dp",))
     full = rank_tensor((8, 6), torch.float32, 0)  # one global tensor, the same on every rank

@@ -125,3 +125,46 @@ def test_sync_op_returns_a_usable_work(rank):
     result = work.get_future().wait()
     assert [t.data_ptr() for t in result] == [tensor.data_ptr()]
     assert_equal(tensor, reference_reduce(all_ranks(1023, DTYPE), "sum"))
+
+
+def _timed_group(monkeypatch) -> dist.ProcessGroup:
+    monkeypatch.setenv("TORCH_NCCL_ENABLE_TIMING", "1")  # read as the group is made
+    return dist.new_group(list(range(dist.get_world_size())), backend="nccl_core")
+
+
+def test_get_duration_times_async_sync_and_coalesced_ops(rank, monkeypatch):
+    group = _timed_group(monkeypatch)
+    tensor = rank_tensor(BIG, DTYPE, rank)
+    async_work = dist.all_reduce(tensor, group=group, async_op=True)
+    sync_options = dist.AllreduceOptions()
+    sync_options.asyncOp = False
+    sync_work = group.allreduce([tensor], sync_options)
+    blocks = []
+    # Without a device torch issues one allreduce_coalesced; with one, an NCCL group
+    # between startCoalescing and endCoalescing.
+    for device in (None, torch.device("cuda", rank)):
+        with dist._coalescing_manager(group=group, device=device, async_ops=True) as block:
+            dist.all_reduce(tensor, group=group)
+            dist.all_reduce(tensor, group=group)
+        block.wait()
+        blocks.append(block)
+    async_work.wait()
+    torch.cuda.synchronize()
+    works = [async_work, sync_work, *(w for block in blocks for w in block.works)]
+    durations = [w._get_duration() for w in works]
+    dist.destroy_process_group(group)
+    assert len(durations) == 4
+    # 64 MiB over NVLink: well above a microsecond, well below a second.
+    assert all(1e-3 < ms < 1e3 for ms in durations), durations
+
+
+def test_get_duration_without_timing_says_how_to_enable_it(rank):
+    work = dist.all_reduce(rank_tensor(1023, DTYPE, rank), async_op=True)
+    work.wait()
+    torch.cuda.synchronize()
+    try:
+        work._get_duration()
+        error = None
+    except RuntimeError as e:
+        error = str(e)
+    assert error is not None and "TORCH_NCCL_ENABLE_TIMING=1" in error

@@ -1,0 +1,159 @@
+// Groups made from a group: split (torch.distributed.split_group, new_group
+// with a split parent) through ncclCommSplit, and shrink
+// (torch.distributed.shrink_group) through ncclCommShrink. Each child owns
+// its communicator: destroying the parent, as shrink_group does at once,
+// leaves it working.
+#include <algorithm>
+#include <set>
+
+#include "backend/backend.h"
+#include "nccl/errors.h"
+
+namespace nccl_core {
+
+namespace {
+// The same value on every member of a split, different across splits.
+int splitColor(const std::vector<int>& ranks) {
+  uint32_t hash = 2166136261u; // FNV-1a
+  for (int rank : ranks) {
+    hash = (hash ^ static_cast<uint32_t>(rank)) * 16777619u;
+  }
+  return static_cast<int>(hash & 0x7fffffff);
+}
+} // namespace
+
+c10::intrusive_ptr<NcclCoreBackend> NcclCoreBackend::child(
+    const c10::intrusive_ptr<c10d::Store>& store,
+    std::shared_ptr<Communicator> comm,
+    std::string name,
+    const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
+  const std::chrono::milliseconds timeout =
+      opts && opts->timeout.count() > 0 ? opts->timeout : timeout_.load();
+  const int rank = comm->rank();
+  const int size = comm->size();
+  return c10::make_intrusive<NcclCoreBackend>(
+      store,
+      rank,
+      size,
+      std::move(name),
+      std::make_shared<NcclCoreOptions>(*options_),
+      timeout,
+      std::move(comm));
+}
+
+c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::split(
+    const c10::intrusive_ptr<c10d::Store>& store,
+    const std::vector<int>& ranks,
+    const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
+  Communicator& parent = communicator(deviceForOpWithoutTensors({}));
+  const auto me = std::find(ranks.begin(), ranks.end(), getRank());
+  const bool member = me != ranks.end();
+  std::string name = opts ? opts->group_name : *groupName_ + ":split";
+  // Every rank of the parent takes part; non-members pass no color.
+  auto comm = parent.split(
+      member ? splitColor(ranks) : -1,
+      member ? static_cast<int>(me - ranks.begin()) : 0,
+      options_->toNcclConfig(),
+      c10::str("group '", name, "'"));
+  if (!comm) {
+    return nullptr;
+  }
+  return child(store, std::move(comm), std::move(name), opts);
+}
+
+std::vector<int> NcclCoreBackend::checkedExclusions(
+    const std::vector<int64_t>& ranksToExclude,
+    int shrinkFlags) const {
+  constexpr const char* kOp = "shrink";
+  NCCL_CORE_CHECK_ARG(
+      shrinkFlags == NCCL_SHRINK_DEFAULT || shrinkFlags == NCCL_SHRINK_ABORT,
+      kOp,
+      "shrink_flags must be SHRINK_DEFAULT (",
+      NCCL_SHRINK_DEFAULT,
+      ") or SHRINK_ABORT (",
+      NCCL_SHRINK_ABORT,
+      "), got ",
+      shrinkFlags);
+  NCCL_CORE_CHECK_ARG(
+      !ranksToExclude.empty(),
+      kOp,
+      "ranks_to_exclude must name at least one rank of group '",
+      *groupName_,
+      "'");
+  std::set<int64_t> seen;
+  for (int64_t rank : ranksToExclude) {
+    NCCL_CORE_CHECK_ARG(
+        rank >= 0 && rank < getSize(),
+        kOp,
+        "rank ",
+        rank,
+        " in ranks_to_exclude is not a rank of group '",
+        *groupName_,
+        "' (size ",
+        getSize(),
+        ")");
+    NCCL_CORE_CHECK_ARG(
+        seen.insert(rank).second,
+        kOp,
+        "rank ",
+        rank,
+        " appears twice in ranks_to_exclude");
+    // NCCL's contract: excluded ranks do not call ncclCommShrink.
+    NCCL_CORE_CHECK_ARG(
+        rank != getRank(),
+        kOp,
+        "rank ",
+        rank,
+        " is excluded from group '",
+        *groupName_,
+        "' and must not call shrink; only the ranks that stay do");
+  }
+  return std::vector<int>(seen.begin(), seen.end());
+}
+
+c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::shrink(
+    const std::vector<int64_t>& ranksToExclude,
+    int shrinkFlags,
+    const c10::intrusive_ptr<c10d::Backend::Options>& optsOverride) {
+  std::vector<int> excluded = checkedExclusions(ranksToExclude, shrinkFlags);
+  Communicator& parent = communicator(deviceForOpWithoutTensors({}));
+  const bool endsOps = shrinkFlags == NCCL_SHRINK_ABORT;
+  if (endsOps) {
+    // NCCL ends the ops in flight here: the watchdog must not take that for
+    // a failure and tell the peers, whose own shrink would then fail.
+    const std::lock_guard<std::mutex> lock(initMutex_);
+    watchdog_->stop();
+  }
+  std::string name = optsOverride && !optsOverride->group_name.empty()
+                         ? optsOverride->group_name
+                         : *groupName_ + ":shrunk";
+  std::shared_ptr<Communicator> comm;
+  try {
+    comm = parent.shrink(
+        std::move(excluded),
+        shrinkFlags,
+        options_->toNcclConfig(),
+        c10::str("group '", name, "'"));
+  } catch (const std::exception& e) {
+    if (endsOps) {
+      teardown(
+          c10::str(
+              "nccl_core group '",
+              *groupName_,
+              "' failed to shrink with SHRINK_ABORT: ",
+              e.what()));
+    }
+    throw;
+  }
+  if (endsOps) {
+    // Its ops in flight ended without finishing: none may read as done.
+    teardown(
+        c10::str(
+            "nccl_core group '",
+            *groupName_,
+            "' was shrunk with SHRINK_ABORT, which ended its ops in flight"));
+  }
+  return child(store_, std::move(comm), std::move(name), optsOverride);
+}
+
+} // namespace nccl_core
