@@ -47,6 +47,19 @@ def one_sided_engine() -> str:
     return _C.one_sided_engine()
 
 
+def dump_flight_recorder(only_active: bool = False) -> bytes:
+    """The last ops of this process's ``nccl_core`` groups, in torch's flight recorder format.
+
+    The pickled dict torch's analyzer reads (``python -m torch.distributed.flight_recorder.fr_trace
+    <dir>``, one file per rank). Kept for the last ``TORCH_FR_BUFFER_SIZE`` ops (2000 by default)
+    of torch versions before 2.15; from 2.15 torch records ``nccl_core`` groups itself
+    (``torch._C._distributed_c10d._dump_fr_trace``) and this dump is empty. With
+    ``TORCH_NCCL_DUMP_ON_TIMEOUT=1`` a group that times out or fails writes it to
+    ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank>`` as well.
+    """
+    return _C.dump_flight_recorder(only_active)
+
+
 register()
 
 __all__ = [
@@ -63,6 +76,7 @@ __all__ = [
     "WindowFlag",
     "__version__",
     "communicator",
+    "dump_flight_recorder",
     "empty",
     "features",
     "interop",

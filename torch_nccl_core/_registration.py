@@ -14,7 +14,6 @@ def _create_backend(dist_options, backend_options):
             f"pg_options of an {BACKEND_NAME} group must be torch_nccl_core.Options, "
             f"got {type(backend_options).__name__}"
         )
-    global_ranks = dist_options.global_ranks_in_group
     return _C.NcclCoreBackend(
         dist_options.store,
         dist_options.group_rank,
@@ -22,7 +21,7 @@ def _create_backend(dist_options, backend_options):
         dist_options.group_id,
         backend_options if backend_options is not None else _C.Options(),
         dist_options.timeout,
-        global_ranks[dist_options.group_rank] if global_ranks else None,
+        list(dist_options.global_ranks_in_group),
     )
 
 

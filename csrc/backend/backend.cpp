@@ -9,9 +9,11 @@
 #include <c10/util/env.h>
 
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include "backend/arguments.h"
+#include "backend/flight_recorder.h"
 #include "backend/launch.h"
 #include "backend/op_profile.h"
 #include "backend/op_timing.h"
@@ -40,13 +42,15 @@ NcclCoreBackend::NcclCoreBackend(
     std::shared_ptr<const NcclCoreOptions> options,
     std::chrono::milliseconds defaultTimeout,
     std::shared_ptr<Communicator> comm,
-    int globalRank)
+    std::vector<int64_t> globalRanks)
     : c10d::Backend(rank, size),
       store_(std::move(store)),
       groupName_(std::make_shared<const std::string>(std::move(groupName))),
       options_(std::move(options)),
       timeout_(options_->timeout.value_or(defaultTimeout)),
-      globalRank_(globalRank >= 0 ? globalRank : rank),
+      globalRanks_(std::move(globalRanks)),
+      globalRank_(
+          globalRanks_.empty() ? rank : static_cast<int>(globalRanks_[rank])),
       incarnation_(nextIncarnation(*store_, rank)),
       autoRegister_(
           c10::utils::check_env("TORCH_NCCL_CORE_AUTO_REGISTER")
@@ -54,6 +58,15 @@ NcclCoreBackend::NcclCoreBackend(
       timing_(
           c10::utils::check_env("TORCH_NCCL_ENABLE_TIMING").value_or(false)) {
   options_->validate();
+  FlightRecorder& recorder = FlightRecorder::process();
+  if (recorder.enabled()) {
+    recorder.describeGroup(*groupName_, globalRanks_);
+    // First of the abort hooks: the dump shows the group as it failed.
+    hooks_->abort.add(
+        std::numeric_limits<int64_t>::min(), [rank = globalRank_] {
+          FlightRecorder::process().dumpOnFailure(rank);
+        });
+  }
   if (comm) {
     setupCommunicator(std::move(comm));
   }
@@ -337,6 +350,7 @@ void NcclCoreBackend::startCoalescing() {
   coalescedTensors_.clear();
   coalescedDevice_.reset();
   coalescedTiming_.reset();
+  coalescedTraces_.clear();
 }
 
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::endCoalescing() {
@@ -384,6 +398,8 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::endCoalescing() {
       tensors,
       false);
   work->setTiming(std::move(timing));
+  work->addTraces(coalescedTraces_);
+  coalescedTraces_.clear();
   if (!capturing) {
     watchdog_->track(work);
   }

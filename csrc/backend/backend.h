@@ -47,7 +47,13 @@ struct LaunchOptions {
   // window-free twin (backend/routing.h). Not for ops bound to one
   // communicator (custom reduce ops).
   bool routable = false;
+  int peer = -1; // send and recv: the other rank, for the flight recorder
 
+  static LaunchOptions withPeer(int peer) {
+    LaunchOptions options;
+    options.peer = peer;
+    return options;
+  }
   static LaunchOptions routed(bool routable = true) {
     LaunchOptions options;
     options.routable = routable;
@@ -70,7 +76,7 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
       std::shared_ptr<const NcclCoreOptions> options,
       std::chrono::milliseconds defaultTimeout,
       std::shared_ptr<Communicator> comm = nullptr,
-      int globalRank = -1);
+      std::vector<int64_t> globalRanks = {});
   ~NcclCoreBackend() override;
 
   const std::string getBackendName() const override {
@@ -258,6 +264,7 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
     std::chrono::milliseconds timeout;
     c10::cuda::CUDAStream current;
     bool capturing;
+    std::optional<size_t> trace = std::nullopt; // its flight recorder entry
   };
   // Routes the op and numbers it.
   OpPlan prepare(
@@ -316,12 +323,13 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
       c10d::ReduceOp::RedOpType op,
       cudaStream_t stream);
   // A group over `comm`, made from this one: its options, and the timeout
-  // and name `opts` give.
+  // and name `opts` give. `members` are its ranks in this group.
   c10::intrusive_ptr<NcclCoreBackend> child(
       const c10::intrusive_ptr<c10d::Store>& store,
       std::shared_ptr<Communicator> comm,
       std::string name,
-      const c10::intrusive_ptr<c10d::Backend::Options>& opts);
+      const c10::intrusive_ptr<c10d::Backend::Options>& opts,
+      const std::vector<int>& members);
   // shrink's arguments, checked: the excluded ranks, sorted.
   std::vector<int> checkedExclusions(
       const std::vector<int64_t>& ranksToExclude,
@@ -346,8 +354,10 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   const std::shared_ptr<const std::string> groupName_;
   const std::shared_ptr<const NcclCoreOptions> options_;
   std::atomic<std::chrono::milliseconds> timeout_;
-  // This rank in the default group, for the device of a group that is bound
-  // to none (rank % device count, as torch's NCCL backend guesses).
+  // The group's ranks in the default group (empty where unknown), and this
+  // rank's: for the device of a group that is bound to none (rank % device
+  // count, as torch's NCCL backend guesses) and the flight recorder.
+  const std::vector<int64_t> globalRanks_;
   const int globalRank_;
   // How many nccl_core backends this rank made on this store before this
   // one, counted in the store: every rank of the group gets the same number.
@@ -387,6 +397,7 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   std::vector<at::Tensor> coalescedTensors_;
   std::optional<at::Device> coalescedDevice_;
   std::unique_ptr<OpTiming> coalescedTiming_;
+  std::vector<size_t> coalescedTraces_; // flight recorder ids of the block
 };
 
 // Placed first in every op: if the op raises inside a coalescing block, the

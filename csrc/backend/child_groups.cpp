@@ -26,11 +26,18 @@ c10::intrusive_ptr<NcclCoreBackend> NcclCoreBackend::child(
     const c10::intrusive_ptr<c10d::Store>& store,
     std::shared_ptr<Communicator> comm,
     std::string name,
-    const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
+    const c10::intrusive_ptr<c10d::Backend::Options>& opts,
+    const std::vector<int>& members) {
   const std::chrono::milliseconds timeout =
       opts && opts->timeout.count() > 0 ? opts->timeout : timeout_.load();
   const int rank = comm->rank();
   const int size = comm->size();
+  std::vector<int64_t> globalRanks;
+  if (!globalRanks_.empty()) {
+    for (int member : members) {
+      globalRanks.push_back(globalRanks_[member]);
+    }
+  }
   return c10::make_intrusive<NcclCoreBackend>(
       store,
       rank,
@@ -38,7 +45,8 @@ c10::intrusive_ptr<NcclCoreBackend> NcclCoreBackend::child(
       std::move(name),
       std::make_shared<NcclCoreOptions>(*options_),
       timeout,
-      std::move(comm));
+      std::move(comm),
+      std::move(globalRanks));
 }
 
 c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::split(
@@ -58,7 +66,7 @@ c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::split(
   if (!comm) {
     return nullptr;
   }
-  return child(store, std::move(comm), std::move(name), opts);
+  return child(store, std::move(comm), std::move(name), opts, ranks);
 }
 
 std::vector<int> NcclCoreBackend::checkedExclusions(
@@ -116,6 +124,12 @@ c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::shrink(
     int shrinkFlags,
     const c10::intrusive_ptr<c10d::Backend::Options>& optsOverride) {
   std::vector<int> excluded = checkedExclusions(ranksToExclude, shrinkFlags);
+  std::vector<int> members;
+  for (int rank = 0; rank < getSize(); ++rank) {
+    if (!std::binary_search(excluded.begin(), excluded.end(), rank)) {
+      members.push_back(rank);
+    }
+  }
   Communicator& parent = communicator(deviceForOpWithoutTensors({}));
   const bool endsOps = shrinkFlags == NCCL_SHRINK_ABORT;
   if (endsOps) {
@@ -153,7 +167,7 @@ c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::shrink(
             *groupName_,
             "' was shrunk with SHRINK_ABORT, which ended its ops in flight"));
   }
-  return child(store_, std::move(comm), std::move(name), optsOverride);
+  return child(store_, std::move(comm), std::move(name), optsOverride, members);
 }
 
 } // namespace nccl_core

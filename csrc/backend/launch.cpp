@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include "backend/flight_recorder.h"
 #include "backend/launch.h"
 #include "backend/op_profile.h"
 #include "backend/op_timing.h"
@@ -65,16 +66,32 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
   // Every CUDA and NCCL call of the op on its communicator's device, whatever
   // the caller's current device is.
   const c10::cuda::CUDAGuard deviceGuard(device);
-  const OpPlan plan =
+  OpPlan plan =
       prepare(type, name, device, timeout, outputs, inputs, launchOptions);
   // From here on under the op's profiler range: registration can take long.
   const OpProfile profile(
       plan.info, *groupName_, getRank(), getSize(), inputs, outputs);
   beforeEnqueue(plan, outputs, inputs);
+  const bool sync = !coalescing_ && !asyncOp && !launchOptions.blocksHost;
+  if (!plan.capturing) {
+    // A captured op runs when the graph is replayed, untracked.
+    plan.trace = FlightRecorder::process().record(
+        *groupName_,
+        getGroupDesc(),
+        TracedOp{
+            name,
+            plan.info.seq,
+            sync,
+            plan.timeout,
+            getRank(),
+            launchOptions.peer},
+        inputs,
+        outputs);
+  }
   if (coalescing_) {
     return runCoalesced(plan, enqueue, std::move(outputs), std::move(inputs));
   }
-  if (!asyncOp && !launchOptions.blocksHost) {
+  if (sync) {
     return runSync(plan, enqueue, std::move(outputs));
   }
   return runAsync(
@@ -168,6 +185,9 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::runAsync(
       std::move(inputs),
       blocksHost);
   work->setTiming(std::move(timing));
+  if (plan.trace) {
+    work->addTraces(*plan.trace);
+  }
   if (!plan.capturing) {
     watchdog_->track(work);
   }
@@ -198,6 +218,9 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::runCoalesced(
     }
   }
   enqueueOnInternalStream(plan, enqueue);
+  if (plan.trace) {
+    coalescedTraces_.push_back(*plan.trace);
+  }
   // The block's Work, returned by endCoalescing, owns the event and keeps
   // the tensors alive; this one only stands for the op inside it.
   coalescedTensors_.insert(

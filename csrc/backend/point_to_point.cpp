@@ -207,7 +207,8 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::send(
       [&](ncclComm_t comm, cudaStream_t stream) {
         return sendBytes(
             tensor.data_ptr(), tensor.nbytes(), dstRank, comm, stream);
-      });
+      },
+      LaunchOptions::withPeer(dstRank));
 }
 
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::recv(
@@ -238,7 +239,8 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::recv(
       [&](ncclComm_t comm, cudaStream_t stream) {
         return recvBytes(
             tensor.data_ptr(), tensor.nbytes(), srcRank, comm, stream);
-      });
+      },
+      LaunchOptions::withPeer(srcRank));
 }
 
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::recvAnysource(

@@ -104,8 +104,11 @@ class BasicSyncOpTimeline {
       span->lastRecord.store(now.time_since_epoch().count());
       events_.record(span->event, stream);
       open_ = span.get();
-      std::lock_guard<std::mutex> lock(mutex_);
-      spans_.push_back(std::move(span));
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        spans_.push_back(std::move(span));
+      }
+      lastNoted_.store(seq, std::memory_order_release);
       return;
     }
     // The time goes first: a reader that sees this record then reads a time
@@ -113,21 +116,27 @@ class BasicSyncOpTimeline {
     open_->lastRecord.store(
         now.time_since_epoch().count(), std::memory_order_release);
     events_.record(open_->event, stream);
+    lastNoted_.store(seq, std::memory_order_release);
   }
 
   // Watchdog thread: drops finished spans; the oldest unfinished op, if any.
+  // Also updates finishedBefore().
   std::optional<Unfinished> oldestUnfinished(Clock::time_point now) {
+    // Read before the events: an op noted up to here is recorded in them.
+    const uint64_t noted = lastNoted_.load(std::memory_order_acquire);
     std::lock_guard<std::mutex> lock(mutex_);
     while (!spans_.empty()) {
       const Span& oldest = *spans_.front();
       const bool open = spans_.size() == 1;
       if (events_.finished(oldest.event)) {
         if (open) {
+          finishedBefore_ = noted + 1;
           return std::nullopt; // the caller may still record into it
         }
         spans_.pop_front(); // closed: no op is recorded into it any more
         continue;
       }
+      finishedBefore_ = oldest.firstSeq;
       const Clock::time_point last(
           Clock::duration(oldest.lastRecord.load(std::memory_order_acquire)));
       return Unfinished{
@@ -136,7 +145,14 @@ class BasicSyncOpTimeline {
           now > last ? now - last : Clock::duration::zero(),
           oldest.firstDetail};
     }
+    finishedBefore_ = noted + 1;
     return std::nullopt;
+  }
+
+  // Watchdog thread: every op noted with a lower sequence number finished,
+  // as the last oldestUnfinished() found.
+  uint64_t finishedBefore() const {
+    return finishedBefore_.load(std::memory_order_relaxed);
   }
 
   size_t spanCount() {
@@ -158,6 +174,8 @@ class BasicSyncOpTimeline {
   const Clock::duration span_;
   std::mutex mutex_; // guards spans_' shape, not the open span's fields
   std::deque<std::unique_ptr<Span>> spans_;
+  std::atomic<uint64_t> lastNoted_{0}; // the newest op noted
+  std::atomic<uint64_t> finishedBefore_{0};
   Span* open_ = nullptr; // caller thread only: spans_.back()
 };
 

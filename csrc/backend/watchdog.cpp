@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Logging.h>
 
+#include "backend/flight_recorder.h"
 #include "nccl/api.h"
 #include "nccl/blocking_wait.h"
 #include "nccl/errors.h"
@@ -123,6 +124,9 @@ void Watchdog::fail(const std::string& reason, bool tellPeers) {
 }
 
 void Watchdog::notifyCompletion(NcclWork& work) noexcept {
+  for (size_t id : work.traces()) {
+    FlightRecorder::process().complete(id);
+  }
 #if NCCL_CORE_HAS_COMPLETION_HOOKS
   // Only Work this thread took off the list, before any failure took the
   // rest: failed and timed-out Work fires nothing (c10d's contract).
@@ -247,6 +251,8 @@ void Watchdog::poll() {
 
 void Watchdog::checkSyncOps(std::chrono::steady_clock::time_point now) {
   const auto oldest = syncOps_.oldestUnfinished(now);
+  FlightRecorder::process().syncOpsFinishedBefore(
+      groupName_, syncOps_.finishedBefore());
   const std::chrono::milliseconds timeout = timeout_.load();
   if (!oldest || oldest->age <= timeout) {
     return;

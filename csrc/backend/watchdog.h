@@ -90,7 +90,8 @@ class Watchdog {
   // itself detects (a timeout, an NCCL error, a peer's abort).
   void trip(const std::string& reason, bool tellPeers);
   void retire(c10::intrusive_ptr<NcclWork> work);
-  // The completion hooks, for Work that finished successfully.
+  // The flight recorder and the completion hooks, for Work that finished
+  // successfully.
   void notifyCompletion(NcclWork& work) noexcept;
   void reapRetiredSlow();
   void run();

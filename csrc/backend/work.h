@@ -53,6 +53,13 @@ class NcclWork : public c10d::Work {
   // issued with collectives timing on (op_timing.h).
   float getDuration() const override;
   void setTiming(std::unique_ptr<OpTiming> timing);
+  // The flight recorder's entries this Work completes (flight_recorder.h).
+  void addTraces(c10::ArrayRef<size_t> ids) {
+    traces_.insert(traces_.end(), ids.begin(), ids.end());
+  }
+  const std::vector<size_t>& traces() const {
+    return traces_;
+  }
 
   // For the watchdog.
   bool gpuDone() const;
@@ -76,6 +83,7 @@ class NcclWork : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> stash_;
   std::unique_ptr<OpTiming> timing_;
+  std::vector<size_t> traces_;
   FailureState failure_;
   std::mutex futureMutex_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;

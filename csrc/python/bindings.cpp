@@ -7,6 +7,7 @@
 
 #include "backend/arguments.h"
 #include "backend/backend.h"
+#include "backend/flight_recorder.h"
 #include "nccl/blocking_wait.h"
 #include "nccl/errors.h"
 #include "nccl/memory.h"
@@ -184,13 +185,21 @@ void bindBackend(py::module_& m) {
                       std::string groupName,
                       const NcclCoreOptions& options,
                       std::chrono::milliseconds defaultTimeout,
-                      std::optional<int> globalRank) {
+                      std::vector<int64_t> globalRanks) {
             TORCH_CHECK_VALUE(
                 size > 0 && rank >= 0 && rank < size,
                 "invalid rank ",
                 rank,
                 " for size ",
                 size);
+            TORCH_CHECK_VALUE(
+                globalRanks.empty() ||
+                    globalRanks.size() == static_cast<size_t>(size),
+                "global_ranks must name one global rank per rank of the "
+                "group (",
+                size,
+                "), got ",
+                globalRanks.size());
             return c10::make_intrusive<NcclCoreBackend>(
                 store,
                 rank,
@@ -199,7 +208,7 @@ void bindBackend(py::module_& m) {
                 std::make_shared<const NcclCoreOptions>(options),
                 defaultTimeout,
                 nullptr,
-                globalRank.value_or(rank));
+                std::move(globalRanks));
           }),
           py::arg("store"),
           py::arg("rank"),
@@ -207,7 +216,7 @@ void bindBackend(py::module_& m) {
           py::arg("group_name"),
           py::arg("options"),
           py::arg("default_timeout"),
-          py::arg("global_rank") = py::none())
+          py::arg("global_ranks") = std::vector<int64_t>{})
       .def_property_readonly(
           "nccl_options",
           [](const NcclCoreBackend& b) { return NcclCoreOptions(b.options()); },
@@ -310,6 +319,17 @@ PYBIND11_MODULE(_C, m) {
       "features",
       &featureMap,
       "What the loaded NCCL supports, by feature name.");
+  m.def(
+      "dump_flight_recorder",
+      [](bool onlyActive) {
+        return py::bytes(FlightRecorder::process().dump(onlyActive));
+      },
+      py::arg("only_active") = false,
+      "The flight recorder's dump (torch's pickled format).");
+  m.def(
+      "flight_recorder_enabled",
+      [] { return FlightRecorder::process().enabled(); },
+      "Whether nccl_core records its groups' ops itself.");
 }
 
 } // namespace nccl_core

@@ -14,6 +14,7 @@
 
 #include "backend/event_pool.h"
 #include "backend/failure.h"
+#include "backend/flight_recorder.h"
 #include "backend/hooks.h"
 #include "backend/sync_ops.h"
 #include "backend/watchdog.h"
@@ -74,6 +75,9 @@ class FakeTimeline {
   }
   size_t spanCount() {
     return timeline_.spanCount();
+  }
+  uint64_t finishedBefore() const {
+    return timeline_.finishedBefore();
   }
 
  private:
@@ -264,6 +268,65 @@ void bindFakeNccl(py::module_& testing) {
 
 } // namespace
 
+void bindFlightRecorder(py::module_& testing) {
+  py::class_<FlightRecorder>(
+      testing,
+      "FlightRecorder",
+      "A flight recorder of its own (flight_recorder.h), fed by hand.")
+      .def(py::init<size_t>(), py::arg("capacity"))
+      .def(
+          "describe_group",
+          &FlightRecorder::describeGroup,
+          py::arg("group"),
+          py::arg("ranks"))
+      .def(
+          "record",
+          [](FlightRecorder& recorder,
+             const std::string& group,
+             const std::string& desc,
+             const std::string& name,
+             uint64_t seq,
+             bool sync,
+             int rank,
+             int peer,
+             const std::vector<at::Tensor>& inputs,
+             const std::vector<at::Tensor>& outputs) {
+            return recorder.record(
+                group,
+                desc,
+                TracedOp{
+                    name.c_str(),
+                    seq,
+                    sync,
+                    std::chrono::minutes(10),
+                    rank,
+                    peer},
+                inputs,
+                outputs);
+          },
+          py::arg("group"),
+          py::arg("desc"),
+          py::arg("name"),
+          py::arg("seq"),
+          py::arg("sync"),
+          py::arg("rank"),
+          py::arg("peer") = -1,
+          py::arg("inputs") = std::vector<at::Tensor>{},
+          py::arg("outputs") = std::vector<at::Tensor>{})
+      .def("complete", &FlightRecorder::complete, py::arg("id"))
+      .def(
+          "sync_ops_finished_before",
+          &FlightRecorder::syncOpsFinishedBefore,
+          py::arg("group"),
+          py::arg("seq"))
+      .def(
+          "dump",
+          [](FlightRecorder& recorder, bool onlyActive) {
+            return py::bytes(recorder.dump(onlyActive));
+          },
+          py::arg("only_active") = false);
+}
+
 void bindTesting(py::module_& m) {
   py::module_ testing = m.def_submodule(
       "_testing", "Host-side logic with fakes in place of the GPU (tests).");
@@ -276,8 +339,10 @@ void bindTesting(py::module_& m) {
       .def("note", &FakeTimeline::note, py::arg("seq"), py::arg("now_ms"))
       .def("complete_through", &FakeTimeline::completeThrough, py::arg("seq"))
       .def("oldest", &FakeTimeline::oldest, py::arg("now_ms"))
-      .def("span_count", &FakeTimeline::spanCount);
+      .def("span_count", &FakeTimeline::spanCount)
+      .def("finished_before", &FakeTimeline::finishedBefore);
   bindFakeNccl(testing);
+  bindFlightRecorder(testing);
 }
 
 } // namespace nccl_core

@@ -196,7 +196,7 @@ def test_op_without_tensors_and_without_a_gpu_raises(tmp_path):
         pytest.skip("this machine has a GPU")
     store = dist.FileStore(os.fspath(tmp_path / "store"), 1)
     backend = _C.NcclCoreBackend(
-        store, 0, 1, "g", torch_nccl_core.Options(), datetime.timedelta(seconds=5), global_rank=3
+        store, 0, 1, "g", torch_nccl_core.Options(), datetime.timedelta(seconds=5), global_ranks=[3]
     )
     with pytest.raises(RuntimeError, match="needs a CUDA device"):
         backend.barrier()

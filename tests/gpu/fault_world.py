@@ -245,6 +245,50 @@ def shrink_past_a_silent_rank(job_store) -> dict:
     return report
 
 
+def flight_recorder_names_a_skipped_collective(job_store) -> dict:
+    """Rank 1 skips the 5th all_reduce: rank 0 times out, both ranks dump their flight recorder
+    (TORCH_NCCL_DUMP_ON_TIMEOUT), and torch's analyzer names collective 5 and rank 1."""
+    from torch.distributed.flight_recorder.components.builder import build_db
+    from torch.distributed.flight_recorder.components.config_manager import JobConfig
+    from torch.distributed.flight_recorder.components.loader import read_dir
+
+    folder = f"/tmp/nccl_core_fr_{os.environ['MASTER_PORT']}"
+    os.makedirs(folder, exist_ok=True)
+    os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "1"
+    os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = f"{folder}/nccl_trace_rank_"
+    init(job_store, timeout_s=5.0)
+    t = torch.ones(1024, device=DEVICE)
+    for _ in range(4):
+        dist.all_reduce(t)
+    error = None
+    if RANK == 0:  # rank 1 never joins this one
+        try:
+            dist.all_reduce(t)
+            torch.cuda.synchronize()
+            dist.all_reduce(t)
+        except dist.DistBackendError as e:
+            error = str(e)
+    dumps = [f"{folder}/nccl_trace_rank_{r}" for r in range(WORLD)]
+    deadline = time.monotonic() + 30
+    while not all(os.path.exists(d) for d in dumps) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)  # the writer closes its file
+    flagged = None
+    if RANK == 0 and all(os.path.exists(d) for d in dumps):
+        args = JobConfig().parse_args([folder, "--prefix", "nccl_trace_rank_"])
+        details, version = read_dir(args)
+        db = build_db(details, args, version)
+        flagged = [
+            (c.collective_seq_id, sorted(c.missing_ranks))
+            for c in db.collectives
+            if c.missing_ranks
+        ]
+    job_store.set(f"analyzed_{RANK}", "1")
+    job_store.wait([f"analyzed_{r}" for r in range(WORLD)])
+    dist.destroy_process_group()
+    return {"error": error, "dumped": [os.path.exists(d) for d in dumps], "flagged": flagged}
+
+
 def watchdog_frees_nothing(job_store) -> dict:
     """The watchdog retires Work holding the last reference to NCCL memory, while a later op
     hangs: freeing that memory waits for the device, so the watchdog must not do it."""
@@ -730,6 +774,7 @@ SCENARIOS = {
     "exit_with_live_graph": lambda s: teardown_with_live_graph(s, "exit"),
     "reinit_after_failure": reinit_after_failure,
     "shrink_past_a_silent_rank": shrink_past_a_silent_rank,
+    "flight_recorder_names_a_skipped_collective": flight_recorder_names_a_skipped_collective,
     "watchdog_frees_nothing": watchdog_frees_nothing,
     "no_set_device": no_set_device,
     "destroy_world_on_thread": destroy_world_on_thread,

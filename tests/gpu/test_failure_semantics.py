@@ -15,6 +15,8 @@ import re
 
 import pytest
 
+import torch_nccl_core
+
 from .helpers import run_child_world
 
 SCRIPT = pathlib.Path(__file__).resolve().parent / "fault_world.py"
@@ -85,6 +87,19 @@ def test_shrink_with_abort_goes_on_without_a_silent_rank(rank):
         assert "SHRINK_ABORT" in report["hung_op"], report
         assert report["world"] == 1 and report["after"], report
         assert report["destroy_s"] < 5.0, report
+
+
+@pytest.mark.timeout(150, method="thread")
+@pytest.mark.skipif(
+    not torch_nccl_core._C.flight_recorder_enabled(),
+    reason="this torch records nccl_core groups in its own flight recorder",
+)
+def test_flight_recorder_dump_names_the_skipped_collective_and_rank(rank):
+    report = scenario(rank, "flight_recorder_names_a_skipped_collective")
+    assert report["dumped"] == [True, True], report
+    if rank == 0:
+        assert "timeout" in report["error"], report
+        assert report["flagged"] == [[5, [1]]], report  # JSON: (seq, missing ranks)
 
 
 @pytest.mark.timeout(150, method="thread")
