@@ -10,6 +10,7 @@
 
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <thread>
 
 #include "backend/arguments.h"
@@ -26,6 +27,12 @@ namespace {
 // Shutdown waits this long past the timeout for the watchdog to fail a stuck
 // op before it gives up on its own.
 constexpr auto kShutdownSlack = std::chrono::seconds(5);
+
+std::vector<int64_t> allRanks(int size) {
+  std::vector<int64_t> ranks(size);
+  std::iota(ranks.begin(), ranks.end(), 0);
+  return ranks;
+}
 
 // How many backends this rank made on `store` before, counted in the store.
 int64_t nextIncarnation(c10d::Store& store, int rank) {
@@ -48,9 +55,12 @@ NcclCoreBackend::NcclCoreBackend(
       groupName_(std::make_shared<const std::string>(std::move(groupName))),
       options_(std::move(options)),
       timeout_(options_->timeout.value_or(defaultTimeout)),
-      globalRanks_(std::move(globalRanks)),
-      globalRank_(
-          globalRanks_.empty() ? rank : static_cast<int>(globalRanks_[rank])),
+      // torch names no ranks for the default group: its own.
+      globalRanks_(
+          globalRanks.empty() ? allRanks(size) : std::move(globalRanks)),
+      globalRank_(static_cast<int>(globalRanks_[rank])),
+      traceGroup_(
+          FlightRecorder::process().addGroup(*groupName_, globalRanks_)),
       incarnation_(nextIncarnation(*store_, rank)),
       autoRegister_(
           c10::utils::check_env("TORCH_NCCL_CORE_AUTO_REGISTER")
@@ -58,9 +68,7 @@ NcclCoreBackend::NcclCoreBackend(
       timing_(
           c10::utils::check_env("TORCH_NCCL_ENABLE_TIMING").value_or(false)) {
   options_->validate();
-  FlightRecorder& recorder = FlightRecorder::process();
-  if (recorder.enabled()) {
-    recorder.describeGroup(*groupName_, globalRanks_);
+  if (FlightRecorder::process().enabled()) {
     // First of the abort hooks: the dump shows the group as it failed.
     hooks_->abort.add(
         std::numeric_limits<int64_t>::min(), [rank = globalRank_] {
@@ -182,7 +190,8 @@ void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
       storeKey("abort"),
       timeout_.load(),
       events_,
-      hooks_);
+      hooks_,
+      traceGroup_);
   oneSidedLink_ = std::make_unique<OneSidedLink>(*comm_, *this);
 }
 

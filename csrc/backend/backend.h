@@ -354,11 +354,12 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   const std::shared_ptr<const std::string> groupName_;
   const std::shared_ptr<const NcclCoreOptions> options_;
   std::atomic<std::chrono::milliseconds> timeout_;
-  // The group's ranks in the default group (empty where unknown), and this
+  // The group's ranks in the default group, and this
   // rank's: for the device of a group that is bound to none (rank % device
   // count, as torch's NCCL backend guesses) and the flight recorder.
   const std::vector<int64_t> globalRanks_;
   const int globalRank_;
+  const size_t traceGroup_; // the group in the flight recorder
   // How many nccl_core backends this rank made on this store before this
   // one, counted in the store: every rank of the group gets the same number.
   const int64_t incarnation_;

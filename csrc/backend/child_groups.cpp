@@ -33,10 +33,8 @@ c10::intrusive_ptr<NcclCoreBackend> NcclCoreBackend::child(
   const int rank = comm->rank();
   const int size = comm->size();
   std::vector<int64_t> globalRanks;
-  if (!globalRanks_.empty()) {
-    for (int member : members) {
-      globalRanks.push_back(globalRanks_[member]);
-    }
+  for (int member : members) {
+    globalRanks.push_back(globalRanks_[member]);
   }
   return c10::make_intrusive<NcclCoreBackend>(
       store,
@@ -130,13 +128,26 @@ c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::shrink(
       members.push_back(rank);
     }
   }
+  // Making the communicator now would wait for the excluded ranks.
+  TORCH_CHECK(
+      comm_ != nullptr,
+      "nccl_core shrink: group '",
+      *groupName_,
+      "' has no communicator yet; shrink works on one that ran an op or was "
+      "connected eagerly (init_process_group(device_id=...))");
   Communicator& parent = communicator(deviceForOpWithoutTensors({}));
   const bool endsOps = shrinkFlags == NCCL_SHRINK_ABORT;
+  const std::string ended = c10::str(
+      "nccl_core group '",
+      *groupName_,
+      "' was shrunk with SHRINK_ABORT, which ended its ops in flight");
   if (endsOps) {
     // NCCL ends the ops in flight here: the watchdog must not take that for
-    // a failure and tell the peers, whose own shrink would then fail.
+    // a failure and tell the peers, whose own shrink would then fail; and
+    // their Work fails first, as their events complete without the op.
     const std::lock_guard<std::mutex> lock(initMutex_);
     watchdog_->stop();
+    watchdog_->failWork(ended);
   }
   std::string name = optsOverride && !optsOverride->group_name.empty()
                          ? optsOverride->group_name
@@ -148,24 +159,14 @@ c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::shrink(
         shrinkFlags,
         options_->toNcclConfig(),
         c10::str("group '", name, "'"));
-  } catch (const std::exception& e) {
+  } catch (...) {
     if (endsOps) {
-      teardown(
-          c10::str(
-              "nccl_core group '",
-              *groupName_,
-              "' failed to shrink with SHRINK_ABORT: ",
-              e.what()));
+      teardown(ended);
     }
     throw;
   }
   if (endsOps) {
-    // Its ops in flight ended without finishing: none may read as done.
-    teardown(
-        c10::str(
-            "nccl_core group '",
-            *groupName_,
-            "' was shrunk with SHRINK_ABORT, which ended its ops in flight"));
+    teardown(ended); // frees the parent's communicator
   }
   return child(store_, std::move(comm), std::move(name), optsOverride, members);
 }

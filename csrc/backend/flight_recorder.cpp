@@ -120,26 +120,15 @@ FlightRecorder& FlightRecorder::process() {
   return *recorder;
 }
 
-FlightRecorder::Group& FlightRecorder::groupLocked(const std::string& name) {
-  auto [it, added] = groups_.try_emplace(name);
-  if (added) {
-    it->second.id = groups_.size() - 1;
-  }
-  return it->second;
-}
-
-void FlightRecorder::describeGroup(
-    const std::string& group,
-    std::vector<int64_t> ranks) {
-  if (!enabled()) {
-    return;
-  }
+size_t
+FlightRecorder::addGroup(const std::string& name, std::vector<int64_t> ranks) {
   std::lock_guard<std::mutex> lock(mutex_);
-  groupLocked(group).ranks = std::move(ranks);
+  groups_.push_back(Group{name, "", std::move(ranks)});
+  return groups_.size() - 1;
 }
 
 std::optional<size_t> FlightRecorder::record(
-    const std::string& group,
+    size_t group,
     const std::string& desc,
     const TracedOp& op,
     const std::vector<at::Tensor>& inputs,
@@ -159,7 +148,7 @@ std::optional<size_t> FlightRecorder::record(
   noteTensors(inputs, entry.inputSizes, entry.inputDtypes);
   noteTensors(outputs, entry.outputSizes, entry.outputDtypes);
   std::lock_guard<std::mutex> lock(mutex_);
-  Group& traced = groupLocked(group);
+  Group& traced = groups_.at(group);
   if (traced.desc != desc) {
     traced.desc = desc;
   }
@@ -177,6 +166,9 @@ std::optional<size_t> FlightRecorder::record(
 }
 
 void FlightRecorder::complete(size_t id) {
+  if (!enabled()) {
+    return;
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   if (id + capacity_ < next_) {
     return; // overwritten since
@@ -184,14 +176,12 @@ void FlightRecorder::complete(size_t id) {
   entries_[id % capacity_].completedNs = nowNs();
 }
 
-void FlightRecorder::syncOpsFinishedBefore(
-    const std::string& group,
-    uint64_t seq) {
+void FlightRecorder::syncOpsFinishedBefore(size_t group, uint64_t seq) {
   if (!enabled()) {
     return;
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  Group& traced = groupLocked(group);
+  Group& traced = groups_.at(group);
   traced.syncFinishedBefore = std::max(traced.syncFinishedBefore, seq);
 }
 
@@ -205,10 +195,10 @@ std::string FlightRecorder::dump(bool onlyActive) {
   auto config = newDict();
   auto status = newDict();
   std::lock_guard<std::mutex> lock(mutex_);
-  std::map<std::string, int64_t> lastCompleted;
+  std::vector<int64_t> lastCompleted(groups_.size(), -1);
   // Oldest first: the ring's next slot holds the oldest entry once full.
   const size_t count = entries_.size();
-  const size_t first = count < capacity_ ? 0 : next_ % capacity_;
+  const size_t first = count < capacity_ || count == 0 ? 0 : next_ % capacity_;
   for (size_t i = 0; i < count; ++i) {
     const Entry& e = entries_[(first + i) % count];
     const bool completed = completedLocked(e);
@@ -219,12 +209,13 @@ std::string FlightRecorder::dump(bool onlyActive) {
     if (onlyActive && completed) {
       continue;
     }
-    const Group& group = groups_.at(e.group);
+    const Group& group = groups_[e.group];
     auto dict = newDict();
     dict.insert(c10d::record_id_key_str, static_cast<int64_t>(e.id));
-    dict.insert(c10d::pg_id_key_str, static_cast<int64_t>(group.id));
+    dict.insert(c10d::pg_id_key_str, static_cast<int64_t>(e.group));
     dict.insert(
-        c10d::pg_name_key_str, c10::ivalue::Tuple::create(e.group, group.desc));
+        c10d::pg_name_key_str,
+        c10::ivalue::Tuple::create(group.name, group.desc));
     dict.insert(
         c10d::collective_seq_id_key_str, static_cast<int64_t>(e.collectiveSeq));
     dict.insert(c10d::p2p_seq_id_key_str, static_cast<int64_t>(e.p2pSeq));
@@ -249,20 +240,20 @@ std::string FlightRecorder::dump(bool onlyActive) {
         c10d::frames_key_str, c10::List<c10::IValue>(c10::AnyType::get()));
     entries.push_back(c10::IValue(dict));
   }
-  for (const auto& [name, group] : groups_) {
+  // A group re-made under the same name describes it from then on.
+  for (size_t id = 0; id < groups_.size(); ++id) {
+    const Group& group = groups_[id];
     auto described = newDict();
-    described.insert("name", name);
+    described.insert("name", group.name);
     described.insert("desc", group.desc);
     described.insert("ranks", c10::str(c10::ArrayRef<int64_t>(group.ranks)));
-    config.insert(name, described);
+    config.insert_or_assign(group.name, described);
     auto state = newDict();
     state.insert(
         "last_enqueued_collective", static_cast<int64_t>(group.collectives));
-    state.insert("last_started_collective", static_cast<int64_t>(-1));
-    state.insert(
-        "last_completed_collective",
-        lastCompleted.count(name) ? lastCompleted[name] : int64_t{-1});
-    status.insert(name, state);
+    state.insert("last_started_collective", int64_t{-1});
+    state.insert("last_completed_collective", lastCompleted[id]);
+    status.insert_or_assign(group.name, state);
   }
   auto result = newDict();
   result.insert(c10d::version_key_str, c10d::version_val_str);
@@ -282,6 +273,10 @@ void FlightRecorder::dumpOnFailure(int globalRank) noexcept {
         c10::utils::check_env("TORCH_FR_DUMP_ON_TIMEOUT") == true)) {
     return;
   }
+  // Groups failing together dump from their watchdogs at once: torch's
+  // writer is made on first use without a lock, and they share its file.
+  static std::mutex dumping;
+  const std::lock_guard<std::mutex> lock(dumping);
   try {
     c10d::DebugInfoWriter& writer =
         c10d::DebugInfoWriter::getWriter(globalRank);

@@ -16,7 +16,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -49,13 +48,14 @@ class FlightRecorder {
     return capacity_ > 0;
   }
 
-  // The group's members (global ranks) for the dump.
-  void describeGroup(const std::string& group, std::vector<int64_t> ranks);
+  // A new group (a group re-made under the same name is a new one) and its
+  // members (global ranks); its id for the calls below.
+  size_t addGroup(const std::string& name, std::vector<int64_t> ranks);
 
   // Notes `op` of `group` (described as `desc`, which torch sets after the
   // group is made) as scheduled; its id, for complete().
   std::optional<size_t> record(
-      const std::string& group,
+      size_t group,
       const std::string& desc,
       const TracedOp& op,
       const std::vector<at::Tensor>& inputs,
@@ -63,20 +63,20 @@ class FlightRecorder {
   // The op `id` finished successfully.
   void complete(size_t id);
   // Every synchronous op of `group` numbered below `seq` finished.
-  void syncOpsFinishedBefore(const std::string& group, uint64_t seq);
+  void syncOpsFinishedBefore(size_t group, uint64_t seq);
 
   // torch's dump: a pickled dict of entries, pg_config and pg_status.
   std::string dump(bool onlyActive);
 
   // Writes dump() through torch's DebugInfoWriter
   // (TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank>) if TORCH_NCCL_DUMP_ON_TIMEOUT or
-  // TORCH_FR_DUMP_ON_TIMEOUT is set. Never throws.
+  // TORCH_FR_DUMP_ON_TIMEOUT is set, one group at a time. Never throws.
   void dumpOnFailure(int globalRank) noexcept;
 
  private:
   struct Entry {
     size_t id;
-    std::string group;
+    size_t group;
     uint64_t collectiveSeq;
     uint64_t p2pSeq;
     uint64_t opId;
@@ -93,24 +93,22 @@ class FlightRecorder {
     std::vector<std::string> outputDtypes;
   };
   struct Group {
-    size_t id;
+    std::string name;
     std::string desc;
     std::vector<int64_t> ranks;
     uint64_t collectives = 0;
     uint64_t p2p = 0;
     uint64_t ops = 0;
     uint64_t syncFinishedBefore = 0;
-    uint64_t lastCompletedCollective = 0;
   };
 
-  Group& groupLocked(const std::string& name);
   bool completedLocked(const Entry& entry) const;
 
   const size_t capacity_;
   std::mutex mutex_;
   std::vector<Entry> entries_; // a ring once full
   size_t next_ = 0;            // the id of the next entry
-  std::map<std::string, Group> groups_;
+  std::vector<Group> groups_;  // by id
 };
 
 } // namespace nccl_core

@@ -76,7 +76,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
   if (!plan.capturing) {
     // A captured op runs when the graph is replayed, untracked.
     plan.trace = FlightRecorder::process().record(
-        *groupName_,
+        traceGroup_,
         getGroupDesc(),
         TracedOp{
             name,

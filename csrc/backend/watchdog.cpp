@@ -36,13 +36,15 @@ Watchdog::Watchdog(
     std::string abortKey,
     std::chrono::milliseconds timeout,
     std::shared_ptr<EventPool> events,
-    std::shared_ptr<BackendHooks> hooks)
+    std::shared_ptr<BackendHooks> hooks,
+    std::optional<size_t> traceGroup)
     : comm_(std::move(comm)),
       failure_(std::move(failure)),
       hooks_(std::move(hooks)),
       store_(std::move(store)),
       groupName_(std::move(groupName)),
       abortKey_(std::move(abortKey)),
+      traceGroup_(traceGroup),
       timeout_(timeout),
       syncOps_(CudaSpanEvents{std::move(events)}, syncSpan(timeout)),
       thread_([this] { run(); }) {}
@@ -97,22 +99,27 @@ void Watchdog::reapRetiredSlow() {
   }
 }
 
-void Watchdog::fail(const std::string& reason, bool tellPeers) {
+bool Watchdog::failWork(const std::string& reason) {
   if (!failure_->set(reason)) {
-    return;
+    return false;
   }
   std::deque<c10::intrusive_ptr<NcclWork>> pending;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     pending.swap(pending_);
   }
-  // Fail the Work before aborting: an aborted kernel also completes its event.
   for (auto& work : pending) {
     work->markFailed(reason);
     retire(std::move(work));
   }
-  comm_->abort();
-  if (tellPeers && storeReachable_) {
+  return true;
+}
+
+void Watchdog::fail(const std::string& reason, bool tellPeers) {
+  // The Work fails before the abort: an aborted kernel completes its event.
+  const bool first = failWork(reason);
+  comm_->abort(); // also after a failWork() alone
+  if (first && tellPeers && storeReachable_) {
     try {
       store_->set(
           abortKey_, std::vector<uint8_t>(reason.begin(), reason.end()));
@@ -251,8 +258,10 @@ void Watchdog::poll() {
 
 void Watchdog::checkSyncOps(std::chrono::steady_clock::time_point now) {
   const auto oldest = syncOps_.oldestUnfinished(now);
-  FlightRecorder::process().syncOpsFinishedBefore(
-      groupName_, syncOps_.finishedBefore());
+  if (traceGroup_) {
+    FlightRecorder::process().syncOpsFinishedBefore(
+        *traceGroup_, syncOps_.finishedBefore());
+  }
   const std::chrono::milliseconds timeout = timeout_.load();
   if (!oldest || oldest->age <= timeout) {
     return;

@@ -20,6 +20,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,7 +44,8 @@ class Watchdog {
       std::string abortKey,
       std::chrono::milliseconds timeout,
       std::shared_ptr<EventPool> events,
-      std::shared_ptr<BackendHooks> hooks);
+      std::shared_ptr<BackendHooks> hooks,
+      std::optional<size_t> traceGroup = std::nullopt);
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
   ~Watchdog();
@@ -63,6 +65,9 @@ class Watchdog {
   // Records `reason`, fails pending work, aborts the communicator and (when
   // `tellPeers`) asks the other ranks to abort too. Idempotent.
   void fail(const std::string& reason, bool tellPeers);
+  // The first half of fail(): records `reason` and fails pending Work, but
+  // leaves the communicator alone. False if the group had failed already.
+  bool failWork(const std::string& reason);
 
   // The age at which a synchronous op fails, from the next poll on; async
   // Work keeps the timeout it was issued with.
@@ -105,6 +110,8 @@ class Watchdog {
   const c10::intrusive_ptr<c10d::Store> store_;
   const std::string groupName_;
   const std::string abortKey_;
+  // The group in the flight recorder, told which synchronous ops finished.
+  const std::optional<size_t> traceGroup_;
   std::atomic<std::chrono::milliseconds> timeout_;
 
   std::mutex mutex_;

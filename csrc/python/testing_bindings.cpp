@@ -275,14 +275,14 @@ void bindFlightRecorder(py::module_& testing) {
       "A flight recorder of its own (flight_recorder.h), fed by hand.")
       .def(py::init<size_t>(), py::arg("capacity"))
       .def(
-          "describe_group",
-          &FlightRecorder::describeGroup,
-          py::arg("group"),
+          "add_group",
+          &FlightRecorder::addGroup,
+          py::arg("name"),
           py::arg("ranks"))
       .def(
           "record",
           [](FlightRecorder& recorder,
-             const std::string& group,
+             size_t group,
              const std::string& desc,
              const std::string& name,
              uint64_t seq,

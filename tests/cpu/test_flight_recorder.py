@@ -16,36 +16,36 @@ import torch_nccl_core
 from torch_nccl_core import _C
 
 testing = _C._testing
-GROUP, DESC = "0", "default_pg"
+NAME, DESC = "0", "default_pg"
 
 
 def recorder_of(rank: int, ops: int, finished: int) -> testing.FlightRecorder:
     """`ops` synchronous all_reduces of one rank, the first `finished` of them done."""
     recorder = testing.FlightRecorder(64)
-    recorder.describe_group(GROUP, [0, 1])
+    group = recorder.add_group(NAME, [0, 1])
     tensor = torch.ones(4, 8)
     for seq in range(1, ops + 1):
         recorder.record(
-            GROUP, DESC, "allreduce", seq, True, rank, inputs=[tensor], outputs=[tensor]
+            group, DESC, "allreduce", seq, True, rank, inputs=[tensor], outputs=[tensor]
         )
-    recorder.sync_ops_finished_before(GROUP, finished + 1)
+    recorder.sync_ops_finished_before(group, finished + 1)
     return recorder
 
 
 def test_dump_has_torchs_format_and_states():
     recorder = testing.FlightRecorder(64)
-    recorder.describe_group(GROUP, [0, 1])
+    group = recorder.add_group(NAME, [0, 1])
     tensor = torch.ones(3, 2, dtype=torch.bfloat16)
     sync_id = recorder.record(
-        GROUP, DESC, "allreduce", 1, True, 0, inputs=[tensor], outputs=[tensor]
+        group, DESC, "allreduce", 1, True, 0, inputs=[tensor], outputs=[tensor]
     )
-    send_id = recorder.record(GROUP, DESC, "send", 2, False, 0, peer=1, inputs=[tensor])
-    async_id = recorder.record(GROUP, DESC, "allgather_into_tensor", 3, False, 0, outputs=[tensor])
-    recorder.sync_ops_finished_before(GROUP, 2)
+    send_id = recorder.record(group, DESC, "send", 2, False, 0, peer=1, inputs=[tensor])
+    async_id = recorder.record(group, DESC, "allgather_into_tensor", 3, False, 0, outputs=[tensor])
+    recorder.sync_ops_finished_before(group, 2)
     recorder.complete(send_id)
     dump = pickle.loads(recorder.dump())
     assert dump["version"] == "2.10"
-    assert dump["pg_config"][GROUP] == {"name": GROUP, "desc": DESC, "ranks": "[0, 1]"}
+    assert dump["pg_config"][NAME] == {"name": NAME, "desc": DESC, "ranks": "[0, 1]"}
     entries = dump["entries"]
     assert [e["record_id"] for e in entries] == [sync_id, send_id, async_id]
     assert [e["profiling_name"] for e in entries] == [
@@ -63,14 +63,15 @@ def test_dump_has_torchs_format_and_states():
     assert [e["is_p2p"] for e in entries] == [False, True, False]
     assert entries[0]["input_sizes"] == [[3, 2]] and entries[0]["input_dtypes"] == ["BFloat16"]
     assert entries[1]["output_sizes"] == [] and entries[2]["output_sizes"] == [[3, 2]]
-    assert entries[0]["process_group"] == (GROUP, DESC)
+    assert entries[0]["process_group"] == (NAME, DESC)
     active = pickle.loads(recorder.dump(only_active=True))["entries"]
     assert [e["record_id"] for e in active] == [async_id]
 
 
 def test_ring_keeps_the_newest_entries_in_order():
     recorder = testing.FlightRecorder(3)
-    ids = [recorder.record(GROUP, DESC, "barrier", seq, False, 0) for seq in range(1, 6)]
+    group = recorder.add_group(NAME, [0])
+    ids = [recorder.record(group, DESC, "barrier", seq, False, 0) for seq in range(1, 6)]
     recorder.complete(ids[0])  # overwritten since: ignored
     recorder.complete(ids[3])
     entries = pickle.loads(recorder.dump())["entries"]
@@ -91,6 +92,30 @@ def test_torchs_analyzer_names_the_collective_a_rank_skipped(tmp_path):
     db = build_db(details, args, version)
     flagged = [(c.collective_seq_id, c.missing_ranks) for c in db.collectives if c.missing_ranks]
     assert flagged == [(5, {1})]
+
+
+def test_a_group_remade_under_its_name_starts_afresh():
+    """Re-init after a failure reuses torch's group names: the new group's ops are its own."""
+    recorder = testing.FlightRecorder(64)
+    old = recorder.add_group(NAME, [0, 1])
+    for seq in range(1, 4):
+        recorder.record(old, DESC, "allreduce", seq, True, 0)
+    recorder.sync_ops_finished_before(old, 4)
+    new = recorder.add_group(NAME, [0, 1])
+    recorder.record(new, DESC, "allreduce", 1, True, 0)
+    entries = pickle.loads(recorder.dump())["entries"]
+    assert [(e["collective_seq_id"], e["state"]) for e in entries] == [
+        (1, "completed"),
+        (2, "completed"),
+        (3, "completed"),
+        (1, "scheduled"),
+    ]
+
+
+def test_an_empty_or_disabled_recorder_dumps_a_valid_trace():
+    for capacity in (0, 8):
+        dump = pickle.loads(testing.FlightRecorder(capacity).dump())
+        assert dump["entries"] == [] and dump["version"] == "2.10"
 
 
 def test_timeline_reports_which_synchronous_ops_finished():
