@@ -1,4 +1,4 @@
-"""Device communicators (seed 002): requirements and GIN enums.
+"""Device communicators (nccl4py's ``Communicator.create_dev_comm``): requirements and GIN enums.
 
 ``torch_nccl_core.communicator(group).create_dev_comm(DevCommRequirements(...))`` returns a
 ``DevComm`` whose ``ptr`` is the host address of an ``ncclDevComm_t`` to pass to a kernel.

@@ -2,8 +2,10 @@
 
 #include <c10/util/Exception.h>
 
+#include "nccl/communicator.h"
 #include "nccl/dtypes.h"
 #include "nccl/errors.h"
+#include "nccl/onesided.h"
 
 namespace nccl_core {
 
@@ -123,6 +125,34 @@ void checkRank(int64_t rank, int worldSize, const char* op, const char* what) {
       what,
       " < ",
       worldSize);
+}
+
+PutSignal checkedPutSignal(
+    const Communicator& comm,
+    const at::Tensor& src,
+    int64_t peer,
+    const Window& window,
+    int64_t offset,
+    const char* op) {
+  checkPeer(comm, peer, op);
+  checkTensor(src, static_cast<c10::DeviceIndex>(comm.device()), op, "src");
+  const NcclBuffer buf = bufferOf(src, op);
+  const auto target = static_cast<int>(peer);
+  const size_t bytes = src.nbytes();
+  return PutSignal{
+      buf.ptr,
+      buf.count,
+      buf.dtype,
+      bytes,
+      target,
+      window,
+      checkedOffsetBytes(
+          offset,
+          bytes,
+          src.element_size(),
+          peerWindowBytes(window, target),
+          op,
+          target)};
 }
 
 } // namespace nccl_core

@@ -10,6 +10,10 @@
 
 namespace nccl_core {
 
+class Communicator;
+class Window;
+struct PutSignal; // nccl/onesided.h
+
 // A tensor as NCCL sees it: complex tensors travel as twice as many reals.
 struct NcclBuffer {
   void* ptr;
@@ -45,5 +49,16 @@ void checkPerRankList(
     const char* what);
 
 void checkRank(int64_t rank, int worldSize, const char* op, const char* what);
+
+// put_signal's arguments, checked: `peer` another rank of `comm`'s group,
+// `src` a CUDA tensor on its device that fits `peer`'s part of `window`
+// `offset` elements of `src` in.
+PutSignal checkedPutSignal(
+    const Communicator& comm,
+    const at::Tensor& src,
+    int64_t peer,
+    const Window& window,
+    int64_t offset,
+    const char* op);
 
 } // namespace nccl_core

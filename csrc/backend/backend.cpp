@@ -191,6 +191,7 @@ void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
       timeout_.load(),
       events_,
       hooks_,
+      ephemeral_,
       traceGroup_);
   oneSidedLink_ = std::make_unique<OneSidedLink>(*comm_, *this);
 }
@@ -402,7 +403,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::endCoalescing() {
       *coalescedDevice_,
       groupName_,
       std::move(end),
-      timeout_.load(),
+      timeout_.load() + ephemeral_->active(),
       tensors,
       tensors,
       false);
@@ -464,7 +465,8 @@ bool NcclCoreBackend::idleOrBroken() noexcept {
 }
 
 void NcclCoreBackend::shutdown() {
-  const std::chrono::milliseconds timeout = timeout_.load();
+  const std::chrono::milliseconds timeout =
+      timeout_.load() + ephemeral_->active();
   if (watchdog_ && !failure_->failed()) {
     // Every enqueued op, synchronous ones on the caller's streams included,
     // finishes before NCCL goes: aborting under an op a peer is about to

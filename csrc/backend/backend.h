@@ -17,10 +17,12 @@
 #include <string>
 
 #include "backend/copy_engine_reduce_scatter.h"
+#include "backend/ephemeral_timeouts.h"
 #include "backend/event_pool.h"
 #include "backend/failure.h"
 #include "backend/hooks.h"
 #include "backend/options.h"
+#include "backend/sync_ops.h"
 #include "backend/watchdog.h"
 #include "backend/work.h"
 #include "nccl/communicator.h"
@@ -48,6 +50,9 @@ struct LaunchOptions {
   // communicator (custom reduce ops).
   bool routable = false;
   int peer = -1; // send and recv: the other rank, for the flight recorder
+  // A one-sided op (torch's Window API): its peers, and whether it waits for
+  // them, as the watchdog reports and treats it (SyncOpDetail).
+  const SyncOpDetail* oneSided = nullptr;
 
   static LaunchOptions withPeer(int peer) {
     LaunchOptions options;
@@ -190,6 +195,13 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   // The timeout of ops issued from now on, of synchronous ops in flight, and
   // of the communicator's later nonblocking calls (dist.set_timeout).
   void setTimeout(std::chrono::milliseconds timeout) override;
+#if NCCL_CORE_HAS_EPHEMERAL_TIMEOUTS
+  // Lengthens the timeout of the ops issued until the next one finished
+  // (backend/ephemeral_timeouts.h); torch.compile's cache hits call it.
+  void addEphemeralTimeout(const std::chrono::milliseconds& timeout) override {
+    ephemeral_->add(timeout, seq_ + 1);
+  }
+#endif
   // Times every op issued from now on (Work.get_duration), as
   // TORCH_NCCL_ENABLE_TIMING=1 does from the start.
   void enableCollectivesTiming() override {
@@ -212,6 +224,16 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   }
   void registerCompletionHook(int64_t id, c10d::CompletionHook hook) override;
   void unregisterCompletionHook(int64_t id) override;
+#endif
+#ifdef C10D_BACKEND_HAS_WINDOW
+  // torch's one-sided API (torch.distributed._new_window) over this group's
+  // windows (backend/windows.h); `tensor`, if given, is registered with the
+  // new window, collectively.
+  bool supportsWindow() const override {
+    return true;
+  }
+  c10::intrusive_ptr<c10d::Window>
+  new_window(const std::optional<at::Tensor>& tensor) override;
 #endif
   void abort() override;
   void shutdown() override;
@@ -241,6 +263,22 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
  private:
   friend class EndCoalescingOnError;
 
+#ifdef C10D_BACKEND_HAS_WINDOW
+  friend class TorchWindow;
+  // One op of a torch Window toward `peer` on `device` (backend/windows.cpp):
+  // `enqueue` puts it on the stream given, through launch(), so it is
+  // numbered, traced, profiled and timed like the group's other ops.
+  c10::intrusive_ptr<c10d::Work> runWindowOp(
+      const char* name,
+      int peer,
+      bool waits,
+      bool asyncOp,
+      at::Device device,
+      std::chrono::milliseconds timeout,
+      std::vector<at::Tensor> inputs,
+      c10::function_ref<void(cudaStream_t)> enqueue);
+#endif
+
   // Runs `enqueue(comm, stream)` for one op (backend/launch.cpp). Synchronous
   // ops run on the current stream; async (and coalesced) ones on the internal
   // stream after the current one, with the tensors kept alive until the op
@@ -264,6 +302,7 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
     std::chrono::milliseconds timeout;
     c10::cuda::CUDAStream current;
     bool capturing;
+    const SyncOpDetail* oneSided;               // LaunchOptions::oneSided
     std::optional<size_t> trace = std::nullopt; // its flight recorder entry
   };
   // Routes the op and numbers it.
@@ -366,6 +405,8 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
 
   std::shared_ptr<FailureState> failure_ = std::make_shared<FailureState>();
   const std::shared_ptr<BackendHooks> hooks_ = std::make_shared<BackendHooks>();
+  const std::shared_ptr<EphemeralTimeouts> ephemeral_ =
+      std::make_shared<EphemeralTimeouts>();
   std::shared_ptr<Communicator> comm_;
   // A communicator still initializing, for abort() from another thread; and
   // the guard of it and of watchdog_ between the two.

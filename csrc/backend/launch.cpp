@@ -116,13 +116,16 @@ NcclCoreBackend::OpPlan NcclCoreBackend::prepare(
           : communicator(device);
   const c10::cuda::CUDAStream current =
       c10::cuda::getCurrentCUDAStream(device.index());
+  const SyncOpDetail* oneSided = launchOptions.oneSided;
   return OpPlan{
-      OpInfo{type, name, ++seq_},
+      OpInfo{type, name, ++seq_, oneSided && oneSided->waitsOnPeers},
       comm,
       device,
-      timeout == c10d::kUnsetTimeout ? timeout_.load() : timeout,
+      (timeout == c10d::kUnsetTimeout ? timeout_.load() : timeout) +
+          ephemeral_->active(),
       current,
-      isCapturing(current.stream())};
+      isCapturing(current.stream()),
+      oneSided};
 }
 
 void NcclCoreBackend::beforeEnqueue(
@@ -156,7 +159,8 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::runSync(
   enqueueChecked(
       plan.comm, plan.info, *groupName_, enqueue, plan.current, timing.get());
   if (!plan.capturing) {
-    watchdog_->noteSyncOp(plan.current.stream(), plan.info.name, plan.info.seq);
+    watchdog_->noteSyncOp(
+        plan.current.stream(), plan.info.name, plan.info.seq, plan.oneSided);
   }
   auto work = eventlessWork(plan, std::move(outputs));
   work->setTiming(std::move(timing));

@@ -155,6 +155,11 @@ class BasicSyncOpTimeline {
     return finishedBefore_.load(std::memory_order_relaxed);
   }
 
+  // The newest op noted.
+  uint64_t lastNoted() const {
+    return lastNoted_.load(std::memory_order_acquire);
+  }
+
   size_t spanCount() {
     std::lock_guard<std::mutex> lock(mutex_);
     return spans_.size();

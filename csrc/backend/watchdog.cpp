@@ -37,10 +37,12 @@ Watchdog::Watchdog(
     std::chrono::milliseconds timeout,
     std::shared_ptr<EventPool> events,
     std::shared_ptr<BackendHooks> hooks,
+    std::shared_ptr<EphemeralTimeouts> ephemeral,
     std::optional<size_t> traceGroup)
     : comm_(std::move(comm)),
       failure_(std::move(failure)),
       hooks_(std::move(hooks)),
+      ephemeral_(std::move(ephemeral)),
       store_(std::move(store)),
       groupName_(std::move(groupName)),
       abortKey_(std::move(abortKey)),
@@ -54,12 +56,17 @@ Watchdog::~Watchdog() {
 }
 
 void Watchdog::track(c10::intrusive_ptr<NcclWork> work) {
+  const uint64_t seq = work->getSequencenumber();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     // Checked under the lock fail() takes the list with: Work tracked after
     // the failure would never be failed, and its wait() would succeed.
     if (!failure_->failed()) {
       pending_.push_back(std::move(work));
+      // After the push: a poll that reads `seq` finds the Work listed.
+      lastTracked_.store(
+          std::max(lastTracked_.load(std::memory_order_relaxed), seq),
+          std::memory_order_release);
       return;
     }
   }
@@ -70,7 +77,9 @@ void Watchdog::track(c10::intrusive_ptr<NcclWork> work) {
 bool Watchdog::idle() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!pending_.empty()) {
+    if (!std::all_of(pending_.begin(), pending_.end(), [](const auto& work) {
+          return work->waitsOnPeers();
+        })) {
       return false;
     }
   }
@@ -205,6 +214,9 @@ void Watchdog::run() {
 
 void Watchdog::poll() {
   const auto now = std::chrono::steady_clock::now();
+  // Read before the lists it bounds (see endEphemeralTimeouts).
+  const uint64_t seen = std::max(
+      lastTracked_.load(std::memory_order_acquire), syncOps_.lastNoted());
   ncclResult_t asyncError = comm_->asyncError();
   // ncclInProgress: a nonblocking communicator still settling a call.
   if (asyncError != ncclSuccess && asyncError != ncclInProgress) {
@@ -252,19 +264,28 @@ void Watchdog::poll() {
     }
     break;
   }
-  checkSyncOps(now);
+  const std::optional<uint64_t> oldestSync = checkSyncOps(now);
+  if (failure_->failed()) {
+    return;
+  }
+  endEphemeralTimeouts(seen, oldestSync);
   checkPeers(now);
 }
 
-void Watchdog::checkSyncOps(std::chrono::steady_clock::time_point now) {
+std::optional<uint64_t>
+Watchdog::checkSyncOps(std::chrono::steady_clock::time_point now) {
   const auto oldest = syncOps_.oldestUnfinished(now);
   if (traceGroup_) {
     FlightRecorder::process().syncOpsFinishedBefore(
         *traceGroup_, syncOps_.finishedBefore());
   }
-  const std::chrono::milliseconds timeout = timeout_.load();
-  if (!oldest || oldest->age <= timeout) {
-    return;
+  if (!oldest) {
+    return std::nullopt;
+  }
+  const std::chrono::milliseconds timeout =
+      timeout_.load() + ephemeral_->active();
+  if (oldest->age <= timeout) {
+    return oldest->seq;
   }
   trip(
       c10::str(
@@ -284,6 +305,21 @@ void Watchdog::checkSyncOps(std::chrono::steady_clock::time_point now) {
           timeout.count(),
           " ms); communicator aborted"),
       true);
+  return oldest->seq;
+}
+
+void Watchdog::endEphemeralTimeouts(
+    uint64_t seen,
+    std::optional<uint64_t> oldestSync) {
+  uint64_t unfinished = std::min(oldestSync.value_or(seen + 1), seen + 1);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    // Issued in order and retired from the front: the oldest pending.
+    if (!pending_.empty()) {
+      unfinished = std::min(unfinished, pending_.front()->getSequencenumber());
+    }
+  }
+  ephemeral_->finishedBelow(unfinished);
 }
 
 void Watchdog::checkPeers(std::chrono::steady_clock::time_point now) {

@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/ephemeral_timeouts.h"
 #include "backend/event_pool.h"
 #include "backend/failure.h"
 #include "backend/hooks.h"
@@ -45,6 +46,7 @@ class Watchdog {
       std::chrono::milliseconds timeout,
       std::shared_ptr<EventPool> events,
       std::shared_ptr<BackendHooks> hooks,
+      std::shared_ptr<EphemeralTimeouts> ephemeral,
       std::optional<size_t> traceGroup = std::nullopt);
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -79,7 +81,7 @@ class Watchdog {
   void stop();
 
   // Whether every tracked async Work and every synchronous op finished, but
-  // for a one-sided wait, which shutdown ends rather than waits for.
+  // for one-sided waits, which shutdown ends rather than waits for.
   bool idle();
 
   // Drops, on the calling thread, the Work the watchdog retired (its tensors
@@ -101,12 +103,19 @@ class Watchdog {
   void reapRetiredSlow();
   void run();
   void poll();
-  void checkSyncOps(std::chrono::steady_clock::time_point now);
+  // Times the synchronous ops out; the oldest unfinished one's number.
+  std::optional<uint64_t>
+  checkSyncOps(std::chrono::steady_clock::time_point now);
+  // Ends the timeout extensions whose first op finished: every op up to it
+  // finished, among those numbered up to `seen` (later ones may not be
+  // tracked yet).
+  void endEphemeralTimeouts(uint64_t seen, std::optional<uint64_t> oldestSync);
   void checkPeers(std::chrono::steady_clock::time_point now);
 
   const std::shared_ptr<Communicator> comm_;
   const std::shared_ptr<FailureState> failure_;
   const std::shared_ptr<BackendHooks> hooks_;
+  const std::shared_ptr<EphemeralTimeouts> ephemeral_;
   const c10::intrusive_ptr<c10d::Store> store_;
   const std::string groupName_;
   const std::string abortKey_;
@@ -117,6 +126,7 @@ class Watchdog {
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<c10::intrusive_ptr<NcclWork>> pending_;
+  std::atomic<uint64_t> lastTracked_{0}; // the newest Work tracked
   bool stopping_ = false;
 
   std::mutex retiredMutex_;

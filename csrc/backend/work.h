@@ -23,6 +23,9 @@ struct OpInfo {
   c10d::OpType type;
   const char* name; // static string, e.g. "allreduce"
   uint64_t seq;
+  // A one-sided wait: shutdown ends it rather than waits for signals that
+  // may never come (see SyncOpDetail::waitsOnPeers).
+  bool waitsOnPeers = false;
 };
 
 class NcclWork : public c10d::Work {
@@ -63,6 +66,9 @@ class NcclWork : public c10d::Work {
 
   // For the watchdog.
   bool gpuDone() const;
+  bool waitsOnPeers() const {
+    return info_.waitsOnPeers;
+  }
   bool pastDeadline(std::chrono::steady_clock::time_point now) const {
     return now > deadline_;
   }

@@ -1,6 +1,7 @@
-// Device communicators (seed 002): ncclDevComm for kernels that communicate
-// themselves. The requirement and comm structs are laid out per NCCL release,
-// so this part runs only on the NCCL minor release it was built against.
+// Device communicators (nccl4py's Communicator.create_dev_comm): ncclDevComm
+// for kernels that communicate themselves. The requirement and comm structs are
+// laid out per NCCL release, so this part runs only on the NCCL minor release
+// it was built against.
 #pragma once
 
 #include <nccl.h>

@@ -48,27 +48,24 @@ int loadStorePeer(Communicator& comm, int peer, const char* otherwise) {
 constexpr const char* kNeedsHostApi =
     "one-sided operations to it need NCCL >= 2.29";
 
-// The copy engine writes `src` straight into `peer`'s part of `window`
-// through this rank's mapping of it; no SM is used.
+// The copy engine writes the put's data straight into the peer's part of
+// the window through this rank's mapping of it; no SM is used.
 void copyToPeer(
     Communicator& comm,
-    const void* src,
-    size_t bytes,
-    int peer,
-    const Window& window,
-    size_t offsetBytes,
+    const PutSignal& put,
     const char* otherwise,
     cudaStream_t stream) {
-  const int lsaRank = loadStorePeer(comm, peer, otherwise);
+  const int lsaRank = loadStorePeer(comm, put.peer, otherwise);
+  const Window& window = put.window;
   const uintptr_t base =
       window
           .lsaBases(
               [&] { return lsaBases(comm, window.get(), lsaTeam(comm).size); })
           .at(lsaRank);
   C10_CUDA_CHECK(cudaMemcpyAsync(
-      reinterpret_cast<void*>(base + offsetBytes),
-      src,
-      bytes,
+      reinterpret_cast<void*>(base + put.offsetBytes),
+      put.src,
+      put.bytes,
       cudaMemcpyDeviceToDevice,
       stream));
 }
@@ -391,42 +388,30 @@ void SignalWindow::abortWaits() noexcept {
       ->store(1, std::memory_order_release);
 }
 
-namespace {
-
-// The ops themselves, outside any group (put_signal's fallback signals with
-// signalNow).
-void signalNow(Communicator& comm, int peer, cudaStream_t stream);
-
-void putSignalNow(
+void enqueuePutSignal(
     Communicator& comm,
-    const void* src,
-    size_t count,
-    ncclDataType_t dtype,
-    size_t bytes,
-    int peer,
-    const Window& window,
-    size_t offsetBytes,
+    const PutSignal& put,
     cudaStream_t stream) {
-  comm.get();   // an aborted communicator has unmapped its windows
-  window.get(); // so has a closed window
+  comm.get();       // an aborted communicator has unmapped its windows
+  put.window.get(); // so has a closed window
   NCCL_CORE_CHECK_ARG(
-      window.communicator().get() == &comm,
+      put.window.communicator().get() == &comm,
       "put_signal",
       "the window belongs to another communicator; use "
       "the communicator of the group that registered it");
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(comm.device()));
   if (oneSidedEngine() == OneSidedEngine::Host) {
     // NCCL reads the source zero-copy from a COLL_SYMMETRIC window only.
-    if (comm.inSymmetricWindow(src, bytes)) {
+    if (comm.inSymmetricWindow(put.src, put.bytes)) {
       comm.noteCapture(stream); // NCCL's plan would hold the communicator
       comm.check(
           nccl().putSignal(
-              src,
-              count,
-              dtype,
-              peer,
-              window.get(),
-              offsetBytes,
+              put.src,
+              put.count,
+              put.dtype,
+              put.peer,
+              put.window.get(),
+              put.offsetBytes,
               0,
               0,
               0,
@@ -438,25 +423,20 @@ void putSignalNow(
     // Other sources are copied to load/store peers directly, then signalled.
     copyToPeer(
         comm,
-        src,
-        bytes,
-        peer,
-        window,
-        offsetBytes,
+        put,
         "put_signal to it needs `src` inside a COLL_SYMMETRIC window of this "
         "communicator (NCCL's ncclPutSignal reads only such memory)",
         stream);
-    signalNow(comm, peer, stream);
+    enqueueSignal(comm, put.peer, stream);
     return;
   }
-  copyToPeer(
-      comm, src, bytes, peer, window, offsetBytes, kNeedsHostApi, stream);
+  copyToPeer(comm, put, kNeedsHostApi, stream);
   detail::launchSignal(
-      signalWindowOf(comm).remoteCounter(peer, SignalChannel::OneSided),
+      signalWindowOf(comm).remoteCounter(put.peer, SignalChannel::OneSided),
       stream);
 }
 
-void signalNow(Communicator& comm, int peer, cudaStream_t stream) {
+void enqueueSignal(Communicator& comm, int peer, cudaStream_t stream) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(comm.device()));
   if (oneSidedEngine() == OneSidedEngine::Host) {
     comm.noteCapture(stream);
@@ -472,7 +452,7 @@ void signalNow(Communicator& comm, int peer, cudaStream_t stream) {
       stream);
 }
 
-void waitSignalNow(
+void enqueueWaitSignal(
     Communicator& comm,
     const std::vector<WaitSignalDesc>& descs,
     cudaStream_t stream) {
@@ -506,29 +486,17 @@ void waitSignalNow(
       stream);
 }
 
-} // namespace
-
-void putSignal(
-    Communicator& comm,
-    const void* src,
-    size_t count,
-    ncclDataType_t dtype,
-    size_t bytes,
-    int peer,
-    const Window& window,
-    size_t offsetBytes,
-    cudaStream_t stream) {
-  const int peers[] = {peer};
+void putSignal(Communicator& comm, const PutSignal& put, cudaStream_t stream) {
+  const int peers[] = {put.peer};
   runInGroup(comm, "put_signal", peers, /*waits=*/false, stream, [&] {
-    putSignalNow(
-        comm, src, count, dtype, bytes, peer, window, offsetBytes, stream);
+    enqueuePutSignal(comm, put, stream);
   });
 }
 
 void signal(Communicator& comm, int peer, cudaStream_t stream) {
   const int peers[] = {peer};
   runInGroup(comm, "signal", peers, /*waits=*/false, stream, [&] {
-    signalNow(comm, peer, stream);
+    enqueueSignal(comm, peer, stream);
   });
 }
 
@@ -541,7 +509,7 @@ void waitSignal(
     peers.push_back(d.peer);
   }
   runInGroup(comm, "wait_signal", peers, /*waits=*/true, stream, [&] {
-    waitSignalNow(comm, descs, stream);
+    enqueueWaitSignal(comm, descs, stream);
   });
 }
 

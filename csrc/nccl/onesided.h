@@ -1,5 +1,5 @@
-// One-sided operations on windows (seed 003): put_signal, signal and
-// wait_signal, with two engines behind one behaviour.
+// One-sided operations on windows (nccl4py's Communicator.put_signal /
+// signal / wait_signal), with two engines behind one behaviour.
 //  - Host: NCCL >= 2.29's ncclPutSignal / ncclSignal / ncclWaitSignal.
 //  - LoadStore (NCCL 2.28, LSA peers): the copy engine writes the data
 //    through the window's peer mapping, and one-thread kernels raise and wait
@@ -147,18 +147,36 @@ void recordWindowSizes(
 // `peer`'s size of `window`, as recorded; this rank's where none was.
 size_t peerWindowBytes(const Window& window, int peer);
 
-void putSignal(
-    Communicator& comm,
-    const void* src,
-    size_t count,
-    ncclDataType_t dtype,
-    size_t bytes,
-    int peer,
-    const Window& window,
-    size_t offsetBytes,
-    cudaStream_t stream);
+// A put_signal: `bytes` from `src` (`count` elements of `dtype` as NCCL sees
+// them) into `peer`'s part of `window`, `offsetBytes` in. Made by
+// checkedPutSignal (backend/arguments.h), which checks every field.
+struct PutSignal {
+  const void* src;
+  size_t count;
+  ncclDataType_t dtype;
+  size_t bytes;
+  int peer;
+  const Window& window;
+  size_t offsetBytes;
+};
+
+// One-sided ops on `stream`, run through the group `comm` serves (see
+// OneSidedGroup), or as they are where it serves none.
+void putSignal(Communicator& comm, const PutSignal& put, cudaStream_t stream);
 void signal(Communicator& comm, int peer, cudaStream_t stream);
 void waitSignal(
+    Communicator& comm,
+    const std::vector<WaitSignalDesc>& descs,
+    cudaStream_t stream);
+
+// The same ops, enqueued as they are: for a caller that runs them as ops of
+// the group itself (torch's Window API goes through the backend's launch()).
+void enqueuePutSignal(
+    Communicator& comm,
+    const PutSignal& put,
+    cudaStream_t stream);
+void enqueueSignal(Communicator& comm, int peer, cudaStream_t stream);
+void enqueueWaitSignal(
     Communicator& comm,
     const std::vector<WaitSignalDesc>& descs,
     cudaStream_t stream);

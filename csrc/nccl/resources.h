@@ -1,9 +1,9 @@
-// Handles a communicator owns (seeds 000/001): registered buffers, windows
-// and custom reduction ops. Each is tracked by its communicator and released
-// by close() (idempotent), when the NCCL memory it covers is freed, or when
-// the communicator is destroyed or aborted, whichever comes first. A resource
-// refers to its communicator weakly, so it is invalid, never dangling, once
-// the communicator is gone.
+// Handles a communicator owns (nccl4py's nccl.core.resources): registered
+// buffers, windows and custom reduction ops. Each is tracked by its
+// communicator and released by close() (idempotent), when the NCCL memory it
+// covers is freed, or when the communicator is destroyed or aborted, whichever
+// comes first. A resource refers to its communicator weakly, so it is invalid,
+// never dangling, once the communicator is gone.
 #pragma once
 
 #include <nccl.h>

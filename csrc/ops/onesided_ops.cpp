@@ -67,25 +67,10 @@ void putSignalOp(
   const auto owner = communicatorOf(std::string(groupName), kOp);
   Communicator& comm = *owner;
   checkPeer(comm, peer, kOp);
-  checkTensor(src, static_cast<c10::DeviceIndex>(comm.device()), kOp, "src");
   const auto win = windowOf(comm, window, kOp);
-  const NcclBuffer buf = bufferOf(src, kOp);
-  const size_t offsetBytes = checkedOffsetBytes(
-      offset,
-      src.nbytes(),
-      src.element_size(),
-      peerWindowBytes(*win, static_cast<int>(peer)),
-      kOp,
-      static_cast<int>(peer));
   putSignal(
       comm,
-      buf.ptr,
-      buf.count,
-      buf.dtype,
-      src.nbytes(),
-      static_cast<int>(peer),
-      *win,
-      offsetBytes,
+      checkedPutSignal(comm, src, peer, *win, offset, kOp),
       currentStream(comm));
 }
 

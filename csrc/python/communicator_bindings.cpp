@@ -1,17 +1,15 @@
 // pybind11 classes of torch_nccl_core.communicator(): the communicator of a
-// group and the resources it owns (seeds 000/001).
+// group and the resources it owns (nccl4py's nccl.core.resources and
+// Communicator.register_buffer / register_window).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include "backend/arguments.h"
 #include "backend/backend.h"
 #include "backend/reduce_op.h"
-#include "nccl/allocations.h"
+#include "backend/tensor_registration.h"
 #include "nccl/dtypes.h"
 #include "nccl/errors.h"
-#include "nccl/onesided.h"
-#include "nccl/version.h"
 #include "nccl/window_pointers.h"
 #include "python/communicator_bindings.h"
 
@@ -20,65 +18,6 @@ namespace py = pybind11;
 namespace nccl_core {
 
 namespace {
-
-constexpr int kStrictOrdering = 0x2; // NCCL_WIN_STRICT_ORDERING (2.29)
-constexpr int kKnownWindowFlags = NCCL_WIN_COLL_SYMMETRIC | kStrictOrdering;
-
-// A tensor this communicator can register: CUDA, dense, on its device.
-void checkRegistrable(
-    const Communicator& comm,
-    const at::Tensor& tensor,
-    const char* op) {
-  checkTensor(
-      tensor, static_cast<c10::DeviceIndex>(comm.device()), op, "tensor");
-  NCCL_CORE_CHECK_ARG(tensor.nbytes() > 0, op, "the tensor is empty");
-}
-
-void checkWindowFlags(int flags) {
-  NCCL_CORE_CHECK_ARG(
-      (flags & ~kKnownWindowFlags) == 0,
-      "register_window",
-      "unknown flags ",
-      flags,
-      "; expected a combination of WindowFlag.DEFAULT, COLL_SYMMETRIC and "
-      "STRICT_ORDERING");
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      (flags & kStrictOrdering) == 0 ||
-          hasFeature(Feature::WindowStrictOrdering),
-      "nccl_core register_window: WindowFlag.STRICT_ORDERING needs NCCL >= "
-      "2.29 at run time");
-}
-
-std::shared_ptr<Window>
-registerWindow(Communicator& comm, const at::Tensor& tensor, int flags) {
-  constexpr const char* kOp = "register_window";
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      hasFeature(Feature::WindowRegistration),
-      "nccl_core register_window needs NCCL >= 2.27 at run time");
-  checkRegistrable(comm, tensor, kOp);
-  checkWindowFlags(flags);
-  NCCL_CORE_CHECK_ARG(
-      findAllocation(tensor.data_ptr(), tensor.nbytes()).has_value(),
-      "register_window",
-      "the tensor must lie in NCCL memory "
-      "(torch_nccl_core.empty, mem_pool, or a group's allocate_tensor); it "
-      "lies in ordinary CUDA memory");
-  NCCL_CORE_CHECK_ARG(
-      reinterpret_cast<uintptr_t>(tensor.data_ptr()) %
-              NCCL_WIN_REQUIRED_ALIGNMENT ==
-          0,
-      "register_window",
-      "the tensor's data must be aligned to ",
-      NCCL_WIN_REQUIRED_ALIGNMENT,
-      " bytes (allocate it on its own, not as a view into another tensor)");
-  py::gil_scoped_release noGil;
-  auto window = comm.registerWindow(tensor.data_ptr(), tensor.nbytes(), flags);
-  if (window) {
-    // Ranks may register different sizes: put_signal checks the target's.
-    recordWindowSizes(comm, window);
-  }
-  return window;
-}
 
 // The host scalar in the dtype NCCL will read it as.
 std::shared_ptr<CustomRedOp>
@@ -183,7 +122,7 @@ void bindResources(py::module_& m) {
 void bindCommunicator(py::module_& m) {
   // The values of torch_nccl_core.WindowFlag, from NCCL's header.
   m.attr("NCCL_WIN_COLL_SYMMETRIC") = NCCL_WIN_COLL_SYMMETRIC;
-  m.attr("NCCL_WIN_STRICT_ORDERING") = kStrictOrdering;
+  m.attr("NCCL_WIN_STRICT_ORDERING") = kWindowStrictOrdering;
   bindResources(m);
   py::class_<Communicator, std::shared_ptr<Communicator>>(
       m,
@@ -208,9 +147,10 @@ void bindCommunicator(py::module_& m) {
           py::call_guard<py::gil_scoped_release>())
       .def(
           "register_window",
-          &registerWindow,
+          &registerTensorWindow,
           py::arg("tensor"),
-          py::arg("flags") = 0)
+          py::arg("flags") = 0,
+          py::call_guard<py::gil_scoped_release>())
       .def(
           "find_window",
           [](Communicator& c, const at::Tensor& tensor) {

@@ -1,5 +1,6 @@
-// pybind11: the one-sided methods of torch_nccl_core.Communicator (seed 003)
-// and WaitSignalDesc. Arguments are checked here, before any NCCL call.
+// pybind11: the one-sided methods of torch_nccl_core.Communicator (nccl4py's
+// Communicator.put_signal / signal / wait_signal) and WaitSignalDesc.
+// Arguments are checked here, before any NCCL call.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
@@ -101,30 +102,11 @@ void putSignalChecked(
     int flags,
     const py::object& stream) {
   constexpr const char* kOp = "put_signal";
-  checkPeer(comm, peer, kOp);
   checkReserved(signalIndex, context, flags, kOp);
-  checkTensor(src, static_cast<c10::DeviceIndex>(comm.device()), kOp, "src");
-  const NcclBuffer buf = bufferOf(src, kOp);
-  const size_t bytes = src.nbytes();
-  const size_t offsetBytes = checkedOffsetBytes(
-      offset,
-      bytes,
-      src.element_size(),
-      peerWindowBytes(window, peer),
-      kOp,
-      peer);
+  const PutSignal put = checkedPutSignal(comm, src, peer, window, offset, kOp);
   const cudaStream_t cudaStream = streamOf(stream, comm.device());
   py::gil_scoped_release noGil;
-  putSignal(
-      comm,
-      buf.ptr,
-      buf.count,
-      buf.dtype,
-      bytes,
-      peer,
-      window,
-      offsetBytes,
-      cudaStream);
+  putSignal(comm, put, cudaStream);
 }
 
 std::vector<WaitSignalDesc> descsOf(const py::object& descs) {

@@ -112,7 +112,8 @@ class WatchdogUnderTest {
             std::move(abortKey),
             timeout,
             std::make_shared<EventPool>(0),
-            hooks_) {}
+            hooks_,
+            ephemeral_) {}
 
   std::optional<std::string> failure() const {
     return failure_->failed() ? std::optional(failure_->message())
@@ -124,17 +125,15 @@ class WatchdogUnderTest {
   void addAbortHook(int64_t id, std::function<void()> hook) {
     hooks_->abort.add(id, std::move(hook));
   }
-#if NCCL_CORE_HAS_COMPLETION_HOOKS
-  void addCompletionHook(
-      int64_t id,
-      std::function<void(uint64_t, std::optional<float>)> hook) {
-    hooks_->completion.add(
-        id, [hook = std::move(hook)](const c10d::CompletionHookArgs& args) {
-          hook(args.completionKey, args.duration_ms);
-        });
+  void
+  addEphemeralTimeout(std::chrono::milliseconds amount, uint64_t firstSeq) {
+    ephemeral_->add(amount, firstSeq);
+  }
+  std::chrono::milliseconds ephemeralTimeout() const {
+    return ephemeral_->active();
   }
   // Tracks an async Work whose op already finished (it owns no event), as
-  // launch() does; returns its completion key.
+  // launch() does; returns its completion key (torch >= 2.15), else `seq`.
   uint64_t trackFinishedOp(uint64_t seq) {
     auto work = c10::make_intrusive<NcclWork>(
         OpInfo{c10d::OpType::ALLREDUCE, "allreduce", seq},
@@ -145,15 +144,30 @@ class WatchdogUnderTest {
         std::vector<at::Tensor>{},
         std::vector<at::Tensor>{},
         false);
+#if NCCL_CORE_HAS_COMPLETION_HOOKS
     const uint64_t key = work->getCompletionKey();
+#else
+    const uint64_t key = seq;
+#endif
     watchdog_.track(std::move(work));
     return key;
+  }
+#if NCCL_CORE_HAS_COMPLETION_HOOKS
+  void addCompletionHook(
+      int64_t id,
+      std::function<void(uint64_t, std::optional<float>)> hook) {
+    hooks_->completion.add(
+        id, [hook = std::move(hook)](const c10d::CompletionHookArgs& args) {
+          hook(args.completionKey, args.duration_ms);
+        });
   }
 #endif
 
  private:
   std::shared_ptr<FailureState> failure_;
   std::shared_ptr<BackendHooks> hooks_ = std::make_shared<BackendHooks>();
+  std::shared_ptr<EphemeralTimeouts> ephemeral_ =
+      std::make_shared<EphemeralTimeouts>();
   Watchdog watchdog_;
 };
 
@@ -251,17 +265,24 @@ void bindFakeNccl(py::module_& testing) {
           &WatchdogUnderTest::addAbortHook,
           py::arg("id"),
           py::arg("hook"))
+      .def(
+          "track_finished_op",
+          &WatchdogUnderTest::trackFinishedOp,
+          py::arg("seq"),
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "add_ephemeral_timeout",
+          &WatchdogUnderTest::addEphemeralTimeout,
+          py::arg("amount"),
+          py::arg("first_seq"))
+      .def_property_readonly(
+          "ephemeral_timeout", &WatchdogUnderTest::ephemeralTimeout)
 #if NCCL_CORE_HAS_COMPLETION_HOOKS
       .def(
           "add_completion_hook",
           &WatchdogUnderTest::addCompletionHook,
           py::arg("id"),
           py::arg("hook"))
-      .def(
-          "track_finished_op",
-          &WatchdogUnderTest::trackFinishedOp,
-          py::arg("seq"),
-          py::call_guard<py::gil_scoped_release>())
 #endif
       .def("stop", &WatchdogUnderTest::stop, release);
 }

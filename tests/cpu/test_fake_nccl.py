@@ -261,6 +261,27 @@ def test_completion_hooks_see_each_finished_async_op_once(fake):
     testing.abort(comm)
 
 
+def test_a_timeout_extension_ends_once_the_op_issued_after_it_finished(fake):
+    """addEphemeralTimeout (torch.compile adds one on each cache hit): each extension lengthens
+    timeouts until the first op issued after it finished, and no sooner."""
+    comm = create()
+    dog = watchdog(comm, dist.HashStore())
+    dog.track_finished_op(1)
+    dog.add_ephemeral_timeout(timedelta(seconds=7), first_seq=2)
+    dog.add_ephemeral_timeout(timedelta(seconds=3), first_seq=3)
+    polls = fake.calls("ncclCommGetAsyncError")
+    wait_for(lambda: fake.calls("ncclCommGetAsyncError") >= polls + 2)  # op 2 not issued yet
+    before_op_2 = dog.ephemeral_timeout
+    dog.track_finished_op(2)
+    wait_for(lambda: dog.ephemeral_timeout == timedelta(seconds=3))
+    dog.track_finished_op(3)
+    wait_for(lambda: dog.ephemeral_timeout == timedelta(0))
+    assert before_op_2 == timedelta(seconds=10)
+    assert dog.failure is None
+    dog.stop()
+    testing.abort(comm)
+
+
 def test_watchdog_stops_without_touching_a_healthy_communicator(fake):
     comm = create()
     dog = watchdog(comm, dist.HashStore())

@@ -77,6 +77,39 @@ def test_collective_skipped_by_a_peer_times_out(rank, async_op, how):
         assert_raised(later, dist.DistBackendError)  # the group stays failed
 
 
+@pytest.mark.skipif(
+    not hasattr(dist.ProcessGroup, "_add_ephemeral_timeout"),
+    reason="timeout extensions need torch >= 2.14",
+)
+@pytest.mark.parametrize("async_op", ASYNC_MODES)
+def test_a_timeout_extension_carries_a_rank_through_a_late_peer(rank, async_op):
+    """torch.compile extends the timeouts of a rank whose cache hit saved compiling time
+    (ProcessGroup._add_ephemeral_timeout): its next collective waits for a peer that is still
+    compiling past the group's timeout (when the extension ends: tests/cpu/test_fake_nccl.py)."""
+    group = dist.new_group(backend="nccl_core", timeout=timedelta(seconds=2))
+    warm_up = probe_group(group)
+    if rank == 0:
+        group._add_ephemeral_timeout(timedelta(seconds=30))
+    else:
+        time.sleep(5)  # compiling, as it were
+    tensor = torch.full((1024,), float(rank + 1), device="cuda")
+
+    def all_reduce():
+        work = dist.all_reduce(tensor, group=group, async_op=async_op)
+        if async_op:
+            work.wait()
+        torch.cuda.current_stream().synchronize()
+
+    error = raised_by(all_reduce)
+    after = raised_by(lambda: probe_group(group))
+    dist.barrier()
+    dist.destroy_process_group(group)
+
+    assert_equal(*warm_up)
+    assert error is None and after is None, (error, after)
+    assert_equal(tensor, torch.full((1024,), 3.0, device="cuda"))
+
+
 @pytest.mark.parametrize("teardown", ["shutdown", "abort"])
 def test_teardown_is_idempotent(teardown):
     group = dist.new_group(backend="nccl_core")

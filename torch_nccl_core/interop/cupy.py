@@ -1,4 +1,4 @@
-"""CuPy arrays on NCCL memory (seed 004's ``interop.cupy``), imported lazily.
+"""CuPy arrays on NCCL memory (nccl4py's ``nccl.core.interop.cupy``), imported lazily.
 
 The memory is allocated as a ``torch_nccl_core.empty`` tensor and shared with CuPy through
 DLPack, so it is NCCL memory in every respect (automatic registration, windows) and is freed
