@@ -356,6 +356,7 @@ void NcclCoreBackend::startCoalescing() {
   // own checks inside _coalescing_manager): end it rather than refuse forever.
   abandonCoalescing();
   coalescing_ = true;
+  coalescedFirstSeq_ = seq_ + 1;
   coalescedGroup_.reset();
   coalescedTensors_.clear();
   coalescedDevice_.reset();
@@ -369,7 +370,8 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::endCoalescing() {
       "nccl_core: endCoalescing() called without startCoalescing()");
   coalescing_ = false;
   std::vector<at::Tensor> tensors = std::move(coalescedTensors_);
-  const OpInfo info{c10d::OpType::COALESCED, "coalesced", seq_};
+  const OpInfo info{
+      c10d::OpType::COALESCED, "coalesced", seq_, false, coalescedFirstSeq_};
   if (!coalescedGroup_) {
     // Nothing was enqueued.
     return c10::make_intrusive<NcclWork>(

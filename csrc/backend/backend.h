@@ -265,9 +265,13 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
 
 #ifdef C10D_BACKEND_HAS_WINDOW
   friend class TorchWindow;
+  // Window operations do not coalesce (NCCL would defer them to the block's
+  // ncclGroupEnd, while the load/store engine runs at once): RuntimeError
+  // naming `op` inside a block, which then ends.
+  void refuseInsideCoalescing(const char* op);
   // One op of a torch Window toward `peer` on `device` (backend/windows.cpp):
   // `enqueue` puts it on the stream given, through launch(), so it is
-  // numbered, traced, profiled and timed like the group's other ops.
+  // numbered, profiled and timed like the group's other ops.
   c10::intrusive_ptr<c10d::Work> runWindowOp(
       const char* name,
       int peer,
@@ -440,6 +444,7 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   std::optional<at::Device> coalescedDevice_;
   std::unique_ptr<OpTiming> coalescedTiming_;
   std::vector<size_t> coalescedTraces_; // flight recorder ids of the block
+  uint64_t coalescedFirstSeq_ = 0;      // the number of the block's first op
 };
 
 // Placed first in every op: if the op raises inside a coalescing block, the

@@ -73,8 +73,10 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
       plan.info, *groupName_, getRank(), getSize(), inputs, outputs);
   beforeEnqueue(plan, outputs, inputs);
   const bool sync = !coalescing_ && !asyncOp && !launchOptions.blocksHost;
-  if (!plan.capturing) {
-    // A captured op runs when the graph is replayed, untracked.
+  // A captured op runs when the graph is replayed, untracked. One-sided ops
+  // stay out, as the Communicator API's do: torch's analyzer pairs
+  // point-to-point entries as sends and receives.
+  if (!plan.capturing && launchOptions.oneSided == nullptr) {
     plan.trace = FlightRecorder::process().record(
         traceGroup_,
         getGroupDesc(),

@@ -311,12 +311,17 @@ Watchdog::checkSyncOps(std::chrono::steady_clock::time_point now) {
 void Watchdog::endEphemeralTimeouts(
     uint64_t seen,
     std::optional<uint64_t> oldestSync) {
+  if (ephemeral_->active().count() == 0) {
+    return;
+  }
   uint64_t unfinished = std::min(oldestSync.value_or(seen + 1), seen + 1);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    // Issued in order and retired from the front: the oldest pending.
-    if (!pending_.empty()) {
-      unfinished = std::min(unfinished, pending_.front()->getSequencenumber());
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& work : pending_) {
+    // An async one-sided wait may wait for long: it keeps its own deadline
+    // but holds no extension in force (nor does finished Work queued
+    // behind one).
+    if (!work->waitsOnPeers() && !work->gpuDone()) {
+      unfinished = std::min(unfinished, work->firstSeq());
     }
   }
   ephemeral_->finishedBelow(unfinished);

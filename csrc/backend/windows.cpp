@@ -8,6 +8,7 @@
 
 #include "backend/arguments.h"
 #include "backend/tensor_registration.h"
+#include "nccl/blocking_wait.h"
 #include "nccl/errors.h"
 #include "nccl/onesided.h"
 #include "nccl/window_pointers.h"
@@ -33,15 +34,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::runWindowOp(
     std::chrono::milliseconds timeout,
     std::vector<at::Tensor> inputs,
     c10::function_ref<void(cudaStream_t)> enqueue) {
-  const EndCoalescingOnError endOnError(*this);
-  // NCCL defers a block's ops to its ncclGroupEnd; the load/store engine's
-  // copies and kernels would run ahead of them.
-  TORCH_CHECK(
-      !coalescing_,
-      "nccl_core ",
-      name,
-      ": window operations cannot run inside a coalescing block "
-      "(batch_isend_irecv, _coalescing_manager); issue them after it");
+  refuseInsideCoalescing(name);
   SyncOpDetail detail;
   detail.addPeer(peer);
   detail.waitsOnPeers = waits;
@@ -62,6 +55,39 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::runWindowOp(
       options);
 }
 
+void NcclCoreBackend::refuseInsideCoalescing(const char* op) {
+  const EndCoalescingOnError endOnError(*this);
+  TORCH_CHECK(
+      !coalescing_,
+      "nccl_core ",
+      op,
+      ": window operations cannot run inside a coalescing block "
+      "(batch_isend_irecv, _coalescing_manager); issue them after it");
+}
+
+namespace {
+
+// Every rank's dtype of its registered tensor (an all-gather on the group).
+std::vector<at::ScalarType> allGatherDtypes(
+    NcclCoreBackend& backend,
+    at::ScalarType dtype,
+    c10::DeviceIndex device) {
+  const auto options =
+      at::TensorOptions().dtype(at::kLong).device(at::kCUDA, device);
+  at::Tensor mine = at::full({1}, static_cast<int64_t>(dtype), options);
+  at::Tensor all = at::empty({backend.getSize()}, options);
+  backend._allgather_base(all, mine, c10d::AllgatherOptions())->wait();
+  const at::Tensor host = all.cpu();
+  std::vector<at::ScalarType> dtypes;
+  for (int64_t rank = 0; rank < host.numel(); ++rank) {
+    dtypes.push_back(
+        static_cast<at::ScalarType>(host.data_ptr<int64_t>()[rank]));
+  }
+  return dtypes;
+}
+
+} // namespace
+
 TorchWindow::TorchWindow(c10::intrusive_ptr<NcclCoreBackend> backend)
     : backend_(std::move(backend)) {}
 
@@ -72,6 +98,7 @@ void TorchWindow::tensor_register(const at::Tensor& tensor, bool owning) {
       "nccl_core ",
       kOp,
       ": the window already holds a tensor; call tensor_deregister first");
+  backend_->refuseInsideCoalescing(kOp);
   const c10::DeviceIndex device = backend_->deviceForOp(tensor, kOp, "tensor");
   std::shared_ptr<Communicator> comm =
       backend_->sharedCommunicator(at::Device(at::kCUDA, device));
@@ -82,6 +109,9 @@ void TorchWindow::tensor_register(const at::Tensor& tensor, bool owning) {
       "nccl_core ",
       kOp,
       ": NCCL returned no window; windows are unsupported here");
+  // torch's window API counts offsets in elements of the window's dtype: a
+  // put must match its target's, as torch's own NCCL window requires.
+  peerDtypes_ = allGatherDtypes(*backend_, tensor.scalar_type(), device);
   comm_ = std::move(comm);
   window_ = std::move(window);
   sizes_ = tensor.sizes().vec();
@@ -92,15 +122,35 @@ void TorchWindow::tensor_register(const at::Tensor& tensor, bool owning) {
 }
 
 void TorchWindow::tensor_deregister() {
-  registered("tensor_deregister");
+  constexpr const char* kOp = "tensor_deregister";
+  TORCH_CHECK(
+      window_ != nullptr,
+      "nccl_core ",
+      kOp,
+      ": the window holds no tensor; call tensor_register first");
+  backend_->refuseInsideCoalescing(kOp);
   // Every rank's ops issued before, puts into this rank's memory among
-  // them, finish before NCCL unmaps the window (MPI_Win_free's rule).
-  backend_->barrier(c10d::BarrierOptions())->wait();
+  // them, finish before NCCL unmaps the window (MPI_Win_free's rule). On a
+  // failed group the barrier raises; the window is released all the same.
+  std::exception_ptr failure;
+  try {
+    auto barrier = backend_->barrier(c10d::BarrierOptions());
+    // Without the GIL: an abort hook in Python may be what ends it.
+    runBlockingWait(
+        [](void* work) { static_cast<c10d::Work*>(work)->wait(); },
+        barrier.get());
+  } catch (const c10::DistBackendError&) {
+    failure = std::current_exception();
+  }
   window_->close();
   window_.reset();
   comm_.reset();
   owned_.reset();
   sizes_.clear();
+  peerDtypes_.clear();
+  if (failure) {
+    std::rethrow_exception(failure);
+  }
 }
 
 const nccl_core::Window& TorchWindow::registered(const char* op) const {
@@ -110,6 +160,7 @@ const nccl_core::Window& TorchWindow::registered(const char* op) const {
       op,
       ": the window holds no tensor; call tensor_register first (or pass a "
       "tensor to new_window)");
+  window_->get(); // RuntimeError once closed (its memory freed, or its group)
   return *window_;
 }
 
@@ -145,13 +196,19 @@ c10::intrusive_ptr<c10d::Work> TorchWindow::put(
     bool asyncOp,
     const c10d::PutOptions& opts) {
   constexpr const char* kOp = "put";
-  const PutSignal put = checkedPutSignal(
-      *comm_,
-      tensor,
-      checkedPeer(dstRank, kOp),
-      *window_,
-      targetOffsetNelems,
-      kOp);
+  const int peer = checkedPeer(dstRank, kOp);
+  const PutSignal put =
+      checkedPutSignal(*comm_, tensor, peer, *window_, targetOffsetNelems, kOp);
+  NCCL_CORE_CHECK_ARG(
+      tensor.scalar_type() == peerDtypes_[peer],
+      kOp,
+      "tensor is ",
+      tensor.scalar_type(),
+      " but rank ",
+      peer,
+      "'s window holds ",
+      peerDtypes_[peer],
+      " (offsets count elements of the window's dtype)");
   return run(
       kOp,
       put.peer,

@@ -1,10 +1,11 @@
 // torch's one-sided window (c10d::Window, torch >= 2.14:
 // torch.distributed._new_window) over this package's windows and one-sided
 // engines (nccl/onesided.h). Each op runs as an op of the group (numbered,
-// traced, profiled, timed by its watchdog) and returns its Work. Beyond
+// profiled, timed by its watchdog) and returns its Work. Beyond
 // torch's own NCCL window: any CUDA tensor may be put (not only one inside a
-// registered window), it runs on NCCL 2.28 too, and peers reachable by
-// load/store (NVLink, PCIe P2P) report UNIFIED access and can be mapped.
+// registered window) to a peer reachable by load/store (NVLink, PCIe P2P),
+// it runs on NCCL 2.28 too, and such peers report UNIFIED access and can be
+// mapped.
 #pragma once
 
 #include "backend/backend.h"
@@ -54,7 +55,8 @@ class TorchWindow final : public c10d::Window {
   c10d::WindowAttr get_attr(int64_t peerRank) override;
 
  private:
-  // The registered window; RuntimeError naming `op` without one.
+  // The registered window; RuntimeError naming `op` without one or once it
+  // was closed.
   const nccl_core::Window& registered(const char* op) const;
   // `peer` as another rank of the group, once the window holds a tensor
   // (ValueError, RuntimeError naming `op` otherwise).
@@ -77,6 +79,7 @@ class TorchWindow final : public c10d::Window {
   // The registered tensor's shape and dtype, for map_remote_tensor.
   std::vector<int64_t> sizes_;
   at::ScalarType dtype_ = at::kByte;
+  std::vector<at::ScalarType> peerDtypes_; // every rank's, by rank
 };
 
 } // namespace nccl_core

@@ -26,6 +26,9 @@ struct OpInfo {
   // A one-sided wait: shutdown ends it rather than waits for signals that
   // may never come (see SyncOpDetail::waitsOnPeers).
   bool waitsOnPeers = false;
+  // The first op a coalesced block's Work stands for (`seq` is its last);
+  // 0 for any other Work, which stands for `seq` alone.
+  uint64_t blockStart = 0;
 };
 
 class NcclWork : public c10d::Work {
@@ -68,6 +71,10 @@ class NcclWork : public c10d::Work {
   bool gpuDone() const;
   bool waitsOnPeers() const {
     return info_.waitsOnPeers;
+  }
+  // The number of the first op this Work stands for.
+  uint64_t firstSeq() const {
+    return info_.blockStart != 0 ? info_.blockStart : info_.seq;
   }
   bool pastDeadline(std::chrono::steady_clock::time_point now) const {
     return now > deadline_;

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 import torch_nccl_core
 
-from .helpers import ASYNC_MODES, assert_equal, rank_tensor
+from .helpers import ASYNC_MODES, assert_equal, assert_raised, raised_by, rank_tensor
 
 NUMEL = 4096
 
@@ -76,7 +76,12 @@ def test_signals_count_and_order_puts(rank, world_size):
     assert_equal(received, expected)
 
 
-def test_window_refuses_bad_input_and_stays_usable(rank, world_size):
+def _signal_inside_a_coalescing_block(window, peer, device):
+    with dist._coalescing_manager(device=device, async_ops=True):
+        window.signal(peer, False)
+
+
+def test_window_refuses_bad_input_and_stays_usable(rank, world_size, device):
     buf, window = _window()
     peer, source = (rank + 1) % world_size, (rank - 1) % world_size
     src = rank_tensor(NUMEL, torch.float32, rank)
@@ -88,6 +93,7 @@ def test_window_refuses_bad_input_and_stays_usable(rank, world_size):
         lambda: window.put(src, peer, -1, False),
         lambda: window.put(src.cpu(), peer, 0, False),
         lambda: window.put(src[::2], peer, 0, False),  # not contiguous
+        lambda: window.put(src.double(), peer, 0, False),  # not the window's dtype
         lambda: window.signal(-1, False),
         lambda: window.get_attr(world_size),
         lambda: window.tensor_register(buf),  # holds one already
@@ -100,6 +106,7 @@ def test_window_refuses_bad_input_and_stays_usable(rank, world_size):
     # Ordinary CUDA memory is no NCCL memory: refused on every rank alike.
     with pytest.raises(ValueError, match="must lie in NCCL memory"):
         dist.distributed_c10d._new_window(torch.zeros(NUMEL, device="cuda"))
+    in_block = raised_by(lambda: _signal_inside_a_coalescing_block(window, peer, device))
     window.put(src, peer, NUMEL, False)
     window.wait_signal(source, False)
     received = buf[NUMEL:].clone()
@@ -108,6 +115,7 @@ def test_window_refuses_bad_input_and_stays_usable(rank, world_size):
     window.tensor_deregister()
     assert all(isinstance(e, ValueError) for e in errors[:-1]), errors
     assert isinstance(errors[-1], RuntimeError) and "tensor_deregister first" in str(errors[-1])
+    assert_raised(in_block, RuntimeError, "cannot run inside a coalescing block")
     assert_equal(received, rank_tensor(NUMEL, torch.float32, source))
 
 
