@@ -126,6 +126,7 @@ class Op:
 
     name = ""
     split = False  # buffer is cut into world-size chunks
+    capturable = True  # can be captured in a CUDA graph
 
     def __init__(self, nbytes: int, env: Env):
         self.nbytes, self.env, self.bufs = nbytes, env, []
@@ -371,6 +372,7 @@ class PutSignal(SendRecv):
 
 class Barrier(Op):
     name = "barrier"
+    capturable = False  # waits on the host
 
     @classmethod
     def sizes(cls, candidates, world):

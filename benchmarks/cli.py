@@ -103,8 +103,18 @@ def check_sizes(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     args.sizes = size_sweep(args.min_bytes, args.max_bytes, args.step_factor)
 
 
+# torch's FakeProcessGroup: communicates nothing and completes every op at once, so its host time
+# per call is torch.distributed's own floor; its results are never checked.
+FLOOR_BACKEND = "fake"
+
+
 def import_core(backends: list[str]):
-    """Import torch_nccl_core (registers the "nccl_core" backend); None if absent and unneeded."""
+    """Import torch_nccl_core (registers the "nccl_core" backend); None if absent and unneeded.
+
+    Also registers torch's "fake" backend when `backends` names it.
+    """
+    if FLOOR_BACKEND in backends:
+        import torch.testing._internal.distributed.fake_pg  # noqa: F401
     try:
         import torch_nccl_core
     except ImportError as e:
@@ -114,6 +124,15 @@ def import_core(backends: list[str]):
             ) from e
         return None
     return torch_nccl_core
+
+
+def install_noop_nccl(core):
+    """nccl_core's NCCL calls enqueue nothing from now on (the package's fake NCCL, which must be
+    installed before any nccl_core group exists and kept alive until the last one is destroyed):
+    its host time per call without NCCL's. Returns the fake."""
+    if core is None:
+        raise SystemExit("--noop-nccl needs torch_nccl_core")
+    return core._C._testing.FakeNccl(real_cuda=True)
 
 
 def init_distributed(args) -> tuple[torch.device, Callable[[], None]]:

@@ -6,12 +6,16 @@ Run from the repository root, one process per GPU:
         --backends nccl,nccl_core --out results/ \\
         [--ops all_reduce,send_recv] [--min-bytes 8] [--max-bytes 1G] \\
         [--step-factor 4] [--iters 200] [--warmup 5] [--target-ms 30] \\
-        [--variants plain,nccl_mem,window,nccl_pool] [--repeats 2]
+        [--variants plain,nccl_mem,window,nccl_pool] [--repeats 2] \\
+        [--modes eager,graph] [--noop-nccl]
 
 One process group is created per backend (``dist.new_group(backend=...)``).
 For every op and every size the backends are measured back to back (A, then
 B, ...) on the same buffers, so they see the same conditions. Naming the same
-backend twice (``--backends nccl,nccl``) measures the noise floor.
+backend twice (``--backends nccl,nccl``) measures the noise floor; ``fake`` (torch's
+FakeProcessGroup, which communicates nothing) measures torch.distributed's own host
+time per call. ``benchmarks.interleaved`` runs each backend in its own processes
+instead and reports paired ratios with their spread.
 
 Memory variants (--variants): ``plain`` (torch's caching allocator), ``nccl_mem``
 (torch_nccl_core.empty: NCCL memory, registered by nccl_core on first use),
@@ -29,6 +33,11 @@ Metrics per (variant, op, size, backend), each the max over ranks:
 * host us:  median ``time.perf_counter()`` delta around a single call in that
   loop (CPU cost of enqueueing the op).
 * busbw GB/s: bytes / time scaled by the nccl-tests bus factor.
+
+``--modes graph`` also times each op captured ``--graph-calls`` times in one CUDA
+graph and replayed (variant ``<variant>/graph``: time of a replay / calls).
+``--noop-nccl`` makes nccl_core's NCCL calls enqueue nothing (the package's fake
+NCCL): nccl_core's host time without NCCL's; results are then not checked.
 
 Sizes follow nccl-tests: bytes of the per-rank buffer, except all_gather (the
 full output) and reduce_scatter (the full input); dtype float32. Each (op,
@@ -50,7 +59,7 @@ import torch.distributed as dist
 from . import cli
 from .cases import OPS, VARIANTS, Env, Op, variant_envs
 from .report import human_bytes, progress_line, write_reports
-from .timing import Row, measure, verify
+from .timing import Row, measure, measure_graph, verify
 
 
 def add_measurement_arguments(p: argparse.ArgumentParser) -> None:
@@ -80,6 +89,25 @@ def add_measurement_arguments(p: argparse.ArgumentParser) -> None:
         help=f"memory variants, comma-separated from {','.join(VARIANTS)} (default plain)",
     )
     p.add_argument(
+        "--modes",
+        type=cli.comma_list(["eager", "graph"]),
+        default=["eager"],
+        help="eager: back-to-back calls; graph: calls captured in one CUDA graph and replayed, "
+        "reported as variant '<variant>/graph' (default eager)",
+    )
+    p.add_argument(
+        "--graph-calls",
+        type=int,
+        default=100,
+        help="calls captured in one graph (default 100)",
+    )
+    p.add_argument(
+        "--graph-replays",
+        type=int,
+        default=20,
+        help="timed replays of the graph (default 20)",
+    )
+    p.add_argument(
         "--repeats",
         type=int,
         default=1,
@@ -100,13 +128,25 @@ def parse_args() -> argparse.Namespace:
     cli.add_size_arguments(p, max_bytes="1G")
     add_measurement_arguments(p)
     cli.add_init_backend_argument(p)
+    p.add_argument(
+        "--noop-nccl",
+        action="store_true",
+        help="nccl_core's NCCL calls enqueue nothing: its host time without NCCL's "
+        "(results unchecked)",
+    )
     args = p.parse_args()
     cli.check_sizes(p, args)
     if args.iters < 1 or args.warmup < 0 or args.target_ms <= 0:
         p.error("need --iters >= 1, --warmup >= 0, --target-ms > 0")
     if args.repeats < 1:
         p.error("need --repeats >= 1")
+    if args.graph_calls < 1 or args.graph_replays < 1:
+        p.error("need --graph-calls >= 1 and --graph-replays >= 1")
     args.backend_labels = cli.backend_labels(args.backends)
+    # Backends whose results mean nothing: torch's floor, nccl_core over no-op NCCL calls.
+    unchecked = {cli.FLOOR_BACKEND} | ({"nccl_core"} if args.noop_nccl else set())
+    pairs = zip(args.backend_labels, args.backends, strict=True)
+    args.checked = {label for label, backend in pairs if backend not in unchecked}
     return args
 
 
@@ -129,6 +169,12 @@ def sweep(args, envs: dict[str, Env], groups: dict[str, dist.ProcessGroup], sync
     return rows
 
 
+def modes(args, case: Op) -> list[str]:
+    """The modes of args.modes `case` can run in (graphs need CUDA and a capturable op)."""
+    graphs = case.capturable and case.env.device.type == "cuda"
+    return [m for m in args.modes if m == "eager" or graphs]
+
+
 def measure_size(
     args, cases: dict[str, Op], groups: dict[str, dist.ProcessGroup], sync, check: bool
 ) -> list[Row]:
@@ -144,17 +190,20 @@ def measure_size(
         for variant, case in cases.items():
             for label, group in groups.items():
                 fn = functools.partial(case.call, group)
-                if repeat == 0 and check:
+                if repeat == 0 and check and label in args.checked:
                     what = f"{case.name} {human_bytes(case.nbytes)} on {label} [{variant}]"
                     verify(case, fn, sync, what)
-                iters, per_op, host = measure(fn, sync, args)
-                factor = case.bus_factor(case.env.world)
-                row = Row(variant, case.name, case.nbytes, label, iters, per_op * 1e6,
-                          host * 1e6, factor, [])  # fmt: skip
-                key = (variant, label)
-                samples.setdefault(key, []).append(row.time_us)
-                if key not in best or row.time_us < best[key].time_us:
-                    best[key] = row
+                for mode in modes(args, case):
+                    timer = measure_graph if mode == "graph" else measure
+                    iters, per_op, host = timer(fn, sync, args)
+                    setting = variant if mode == "eager" else f"{variant}/graph"
+                    factor = case.bus_factor(case.env.world)
+                    row = Row(setting, case.name, case.nbytes, label, iters, per_op * 1e6,
+                              host * 1e6, factor, [])  # fmt: skip
+                    key = (setting, label)
+                    samples.setdefault(key, []).append(row.time_us)
+                    if key not in best or row.time_us < best[key].time_us:
+                        best[key] = row
     for key, row in best.items():
         row.samples_us = samples[key]
     return list(best.values())
@@ -163,6 +212,7 @@ def measure_size(
 def main() -> None:
     args = parse_args()
     core = cli.import_core(args.backends)
+    noop = cli.install_noop_nccl(core) if args.noop_nccl else None
     device, sync = cli.init_distributed(args)
     groups = cli.new_groups(args)
     with variant_envs(args.variants, device, groups) as envs:
@@ -170,6 +220,7 @@ def main() -> None:
     if dist.get_rank() == 0:
         write_reports(args, device, dist.get_world_size(), core, rows)
     cli.finish()
+    del noop  # only now: nccl_core's groups were destroyed on the fake
 
 
 if __name__ == "__main__":

@@ -89,6 +89,15 @@ def header_lines(args, device: torch.device, world: int, core) -> list[str]:
             "all max over ranks"
         ),
         ("- bytes: per-rank buffer (all_gather: full output, reduce_scatter: full input)"),
+        *(
+            [
+                f"- variants `<variant>/graph`: {args.graph_calls} calls captured in one CUDA "
+                f"graph, replayed {args.graph_replays} times; time and host time of a replay / "
+                f"{args.graph_calls}"
+            ]
+            if "graph" in args.modes
+            else []
+        ),
     ]
 
 

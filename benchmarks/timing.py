@@ -54,6 +54,27 @@ def measure(fn: Callable[[], None], sync: Callable[[], None], args) -> tuple[int
     return iters, per_op, host
 
 
+def measure_graph(
+    fn: Callable[[], None], sync: Callable[[], None], args
+) -> tuple[int, float, float]:
+    """Capture args.graph_calls calls of fn in one CUDA graph (after args.warmup eager calls) and
+    replay it args.graph_replays times. Returns (calls, s/op, host s/op of launching replays)."""
+    for _ in range(args.warmup):
+        fn()
+    sync()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(args.graph_calls):
+            fn()
+    graph.replay()  # the first replay uploads the graph
+    sync()
+    rank_max(0.0)  # start the timed replays together
+    per_replay, host = timed_loop(graph.replay, args.graph_replays, sync)
+    per_replay, host = rank_max(per_replay, host)
+    del graph
+    return args.graph_calls, per_replay / args.graph_calls, host / args.graph_calls
+
+
 def verify(case: Op, fn: Callable[[], None], sync: Callable[[], None], what: str) -> None:
     """Run fn once on known inputs; abort every rank if any rank got a wrong result."""
     case.fill()

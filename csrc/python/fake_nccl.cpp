@@ -111,6 +111,74 @@ ncclResult_t abortComm(ncclComm_t comm) {
   return ncclSuccess;
 }
 
+// Collectives and point-to-point calls enqueue nothing: on a GPU machine the
+// backend's own host time per call can then be told from NCCL's
+// (benchmarks/collectives.py --noop-nccl).
+ncclResult_t allReduce(
+    const void*,
+    void*,
+    size_t,
+    ncclDataType_t,
+    ncclRedOp_t,
+    ncclComm_t comm,
+    cudaStream_t) {
+  return Call("ncclAllReduce", fakeOf(comm)).result;
+}
+
+ncclResult_t broadcast(
+    const void*,
+    void*,
+    size_t,
+    ncclDataType_t,
+    int,
+    ncclComm_t comm,
+    cudaStream_t) {
+  return Call("ncclBroadcast", fakeOf(comm)).result;
+}
+
+ncclResult_t reduce(
+    const void*,
+    void*,
+    size_t,
+    ncclDataType_t,
+    ncclRedOp_t,
+    int,
+    ncclComm_t comm,
+    cudaStream_t) {
+  return Call("ncclReduce", fakeOf(comm)).result;
+}
+
+ncclResult_t allGather(
+    const void*,
+    void*,
+    size_t,
+    ncclDataType_t,
+    ncclComm_t comm,
+    cudaStream_t) {
+  return Call("ncclAllGather", fakeOf(comm)).result;
+}
+
+ncclResult_t reduceScatter(
+    const void*,
+    void*,
+    size_t,
+    ncclDataType_t,
+    ncclRedOp_t,
+    ncclComm_t comm,
+    cudaStream_t) {
+  return Call("ncclReduceScatter", fakeOf(comm)).result;
+}
+
+ncclResult_t
+send(const void*, size_t, ncclDataType_t, int, ncclComm_t comm, cudaStream_t) {
+  return Call("ncclSend", fakeOf(comm)).result;
+}
+
+ncclResult_t
+recv(void*, size_t, ncclDataType_t, int, ncclComm_t comm, cudaStream_t) {
+  return Call("ncclRecv", fakeOf(comm)).result;
+}
+
 ncclResult_t getUniqueId(ncclUniqueId* id) {
   std::memset(id, 0, sizeof(*id));
   return ncclSuccess;
@@ -140,7 +208,7 @@ cudaError_t exchangeCaptureMode(cudaStreamCaptureMode* /*mode*/) {
 
 } // namespace
 
-FakeNccl::FakeNccl() {
+FakeNccl::FakeNccl(bool realCuda) {
   table_.getVersion = realNccl().getVersion; // features stay the runtime's
   table_.getErrorString = realNccl().getErrorString;
   table_.getUniqueId = &getUniqueId;
@@ -154,9 +222,17 @@ FakeNccl::FakeNccl() {
   table_.commAbort = &abortComm;
   table_.groupStart = &group;
   table_.groupEnd = &group;
-  table_.getDevice = &getDevice;
-  table_.setDevice = &setDevice;
-  table_.exchangeStreamCaptureMode = &exchangeCaptureMode;
+  table_.allReduce = &allReduce;
+  table_.broadcast = &broadcast;
+  table_.reduce = &reduce;
+  table_.allGather = &allGather;
+  table_.reduceScatter = &reduceScatter;
+  table_.send = &send;
+  table_.recv = &recv;
+  table_.getDevice = realCuda ? realNccl().getDevice : &getDevice;
+  table_.setDevice = realCuda ? realNccl().setDevice : &setDevice;
+  table_.exchangeStreamCaptureMode =
+      realCuda ? realNccl().exchangeStreamCaptureMode : &exchangeCaptureMode;
   FakeNccl* expected = nullptr;
   TORCH_CHECK(
       installedFake.compare_exchange_strong(expected, this),

@@ -3,7 +3,9 @@
 // communicator's thread waits; a nonblocking one's call stays ncclInProgress)
 // or made to fail, and misuse that would crash real NCCL (ncclCommAbort under
 // a call in progress, a call on a freed communicator) is counted instead.
-// Entry points no CPU path reaches stay null.
+// Collectives and point-to-point calls enqueue nothing, so that a benchmark
+// on a GPU can tell the backend's host time from NCCL's. Entry points no such
+// path reaches (memory, windows, one-sided) stay null.
 #pragma once
 
 #include <condition_variable>
@@ -20,8 +22,10 @@ namespace nccl_core {
 
 class FakeNccl {
  public:
-  // Installs the fake; one at a time.
-  FakeNccl();
+  // Installs the fake; one at a time. With `realCuda` the CUDA runtime calls
+  // of the table stay the runtime's (on a GPU: the watchdog's thread-local
+  // capture mode must hold while another thread captures a CUDA graph).
+  explicit FakeNccl(bool realCuda = false);
   FakeNccl(const FakeNccl&) = delete;
   FakeNccl& operator=(const FakeNccl&) = delete;
   // Reinstalls NCCL's own table.

@@ -179,7 +179,7 @@ void bindFakeNccl(py::module_& testing) {
       "FakeNccl",
       "Installs a scripted NCCL until uninstall() (see fake_nccl.h); "
       "communicators of the fake come from create_communicator.")
-      .def(py::init<>())
+      .def(py::init<bool>(), py::arg("real_cuda") = false)
       .def("uninstall", &Fake::uninstall)
       .def("hold", &Fake::hold, py::arg("call"))
       .def("release", &Fake::release, py::arg("call"))

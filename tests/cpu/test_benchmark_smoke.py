@@ -36,8 +36,35 @@ def test_benchmark_writes_its_outputs(tmp_path):
     assert (tmp_path / "collectives_ratio.png").stat().st_size > 0
 
 
+def test_interleaved_runs_each_backend_apart_and_pairs_the_repeats(tmp_path):
+    """Every label runs in its own processes once per repeat, in rotating order; the report pairs
+    each repeat's ratio and gives host time above torch's fake backend (the floor)."""
+    command = [
+        sys.executable, "-m", "benchmarks.interleaved", "--nproc", "2", "--repeats", "2",
+        "--out", str(tmp_path), "--run", "base=gloo", "--run", "floor=fake",
+        "--run", "other=gloo BENCH_MARKER=1", "--", "--ops", "all_reduce", "--max-bytes", "64",
+    ]  # fmt: skip
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    order = [
+        line.split()[2].rstrip(":")
+        for line in result.stdout.splitlines()
+        if line.startswith("repeat ")
+    ]
+    assert order == ["base", "floor", "other", "floor", "other", "base"]
+    rows = list(csv.DictReader((tmp_path / "interleaved.csv").open()))
+    assert {(row["label"], row["repeat"]) for row in rows} == {
+        (label, str(repeat)) for label in ("base", "floor", "other") for repeat in (0, 1)
+    }
+    text = (tmp_path / "interleaved.md").read_text()
+    assert "time other/base" in text and "other host above floor us" in text
+    line = next(x for x in text.splitlines() if x.startswith("| all_reduce | 8 B |"))
+    assert "[" in line  # a median with its range over the two repeats
+
+
 @pytest.mark.parametrize(
-    "driver", ["collectives", "registration_latency", "reduce_scatter_crossover"]
+    "driver", ["collectives", "interleaved", "registration_latency", "reduce_scatter_crossover"]
 )
 def test_driver_imports_and_parses(driver):
     """Every driver, GPU-only ones included, imports and answers --help as a module."""
