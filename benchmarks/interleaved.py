@@ -15,9 +15,10 @@ drift of the machine spreads over all of them.
 
 Reported per (variant, op, size): each label's median over the repeats of its time per call and
 host time per call; each label's time against the baseline's (``--baseline``, default the first
-label) as the median of the per-repeat ratios, with their range; and, given a floor label (by default the one running torch's ``fake``
-backend, which communicates nothing), each label's host time above that floor: what the backend
-and NCCL add to ``torch.distributed``'s own cost of a call. A ``--noop-nccl`` run of ``nccl_core``
+label) as the median of the per-repeat ratios, with their range; and, given a floor label (by
+default the one running torch's ``fake`` backend, which communicates nothing), each label's host
+time above that floor: what the backend and NCCL add to ``torch.distributed``'s own cost of a
+call. A ``--noop-nccl`` run of ``nccl_core``
 splits that further into the backend's share and NCCL's enqueue.
 
 Writes OUT/interleaved.md, OUT/interleaved.csv (every run's rows with their repeat) and each run's
