@@ -16,6 +16,7 @@
 #include "backend/arguments.h"
 #include "backend/flight_recorder.h"
 #include "backend/launch.h"
+#include "backend/nan_check.h"
 #include "backend/op_profile.h"
 #include "backend/op_timing.h"
 #include "nccl/api.h"
@@ -66,7 +67,8 @@ NcclCoreBackend::NcclCoreBackend(
           c10::utils::check_env("TORCH_NCCL_CORE_AUTO_REGISTER")
               .value_or(true)),
       timing_(
-          c10::utils::check_env("TORCH_NCCL_ENABLE_TIMING").value_or(false)) {
+          c10::utils::check_env("TORCH_NCCL_ENABLE_TIMING").value_or(false)),
+      nanCheck_(nanCheckRequested()) {
   options_->validate();
   if (FlightRecorder::process().enabled()) {
     // First of the abort hooks: the dump shows the group as it failed.

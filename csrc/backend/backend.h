@@ -50,6 +50,10 @@ struct LaunchOptions {
   // communicator (custom reduce ops).
   bool routable = false;
   int peer = -1; // send and recv: the other rank, for the flight recorder
+  // Whether the tensors it sends hold this rank's data (not on a broadcast's
+  // other ranks, whose one tensor only receives): TORCH_NCCL_NAN_CHECK looks
+  // at them.
+  bool sendsData = true;
   // A one-sided op (torch's Window API): its peers, and whether it waits for
   // them, as the watchdog reports and treats it (SyncOpDetail).
   const SyncOpDetail* oneSided = nullptr;
@@ -431,6 +435,8 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   const bool autoRegister_;
   // TORCH_NCCL_ENABLE_TIMING, or enableCollectivesTiming(): time every op.
   std::atomic<bool> timing_;
+  // TORCH_NCCL_NAN_CHECK: refuse ops that send NaN (backend/nan_check.h).
+  const bool nanCheck_;
   std::unique_ptr<at::cuda::MemPool> memPool_;          // for allocateTensor
   std::unique_ptr<CopyEngineReduceScatter> copyEngine_; // made on first use
   uint64_t seq_ = 0;

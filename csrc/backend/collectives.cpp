@@ -61,6 +61,8 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::broadcast(
   checkRootTensor(opts.rootTensor, kOp);
   const NcclBuffer buf = bytesOf(tensor);
   const int root = static_cast<int>(opts.rootRank);
+  LaunchOptions options = LaunchOptions::routed();
+  options.sendsData = getRank() == root;
   return launch(
       c10d::OpType::BROADCAST,
       kOp,
@@ -73,7 +75,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::broadcast(
         return nccl().broadcast(
             buf.ptr, buf.ptr, buf.count, buf.dtype, root, comm, stream);
       },
-      LaunchOptions::routed());
+      options);
 }
 
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce(

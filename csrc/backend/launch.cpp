@@ -7,6 +7,7 @@
 
 #include "backend/flight_recorder.h"
 #include "backend/launch.h"
+#include "backend/nan_check.h"
 #include "backend/op_profile.h"
 #include "backend/op_timing.h"
 #include "backend/routing.h"
@@ -66,6 +67,11 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
   // Every CUDA and NCCL call of the op on its communicator's device, whatever
   // the caller's current device is.
   const c10::cuda::CUDAGuard deviceGuard(device);
+  if (nanCheck_ && launchOptions.sendsData &&
+      !isCapturing(c10::cuda::getCurrentCUDAStream(device.index()))) {
+    refuseNan(
+        name, sentTensors(type, outputs, inputs)); // before it is numbered
+  }
   OpPlan plan =
       prepare(type, name, device, timeout, outputs, inputs, launchOptions);
   // From here on under the op's profiler range: registration can take long.

@@ -25,20 +25,6 @@ std::vector<c10::IValue> asValues(
   return values;
 }
 
-// Ops c10d runs in place: launch() gets their one tensor as an output (its
-// inputs then hold only what the op keeps alive, such as a PREMUL_SUM factor).
-bool inPlace(c10d::OpType type) {
-  switch (type) {
-    case c10d::OpType::ALLREDUCE:
-    case c10d::OpType::ALLREDUCE_COALESCED:
-    case c10d::OpType::BROADCAST:
-    case c10d::OpType::REDUCE:
-      return true;
-    default:
-      return false;
-  }
-}
-
 // torch's record_param_comms event, as an instant at the op's launch. The
 // global rank layout of a group is not known here: start 0, stride 1, as
 // ProcessGroupNCCL reports for a group without global_ranks_in_group.
@@ -51,7 +37,7 @@ void recordParamComms(
     const std::vector<at::Tensor>& outputs) {
   const bool pointToPoint =
       info.type == c10d::OpType::SEND || info.type == c10d::OpType::RECV;
-  const std::vector<at::Tensor>& sent = inPlace(info.type) ? outputs : inputs;
+  const std::vector<at::Tensor>& sent = sentTensors(info.type, outputs, inputs);
   const std::vector<at::Tensor>& typed = !sent.empty() ? sent : outputs;
   RECORD_PARAM_COMMS_DATA(
       std::make_tuple(static_cast<int64_t>(info.seq), pointToPoint),

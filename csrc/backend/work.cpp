@@ -19,6 +19,21 @@ bool blockingWaitFromEnv() {
 }
 } // namespace
 
+const std::vector<at::Tensor>& sentTensors(
+    c10d::OpType type,
+    const std::vector<at::Tensor>& outputs,
+    const std::vector<at::Tensor>& inputs) {
+  switch (type) {
+    case c10d::OpType::ALLREDUCE:
+    case c10d::OpType::ALLREDUCE_COALESCED:
+    case c10d::OpType::BROADCAST:
+    case c10d::OpType::REDUCE:
+      return outputs;
+    default:
+      return inputs;
+  }
+}
+
 NcclWork::NcclWork(
     OpInfo info,
     at::Device device,

@@ -31,6 +31,14 @@ struct OpInfo {
   uint64_t blockStart = 0;
 };
 
+// The tensors whose data an op of `type` sends. launch() gets the one tensor
+// of an op c10d runs in place (all-reduce, broadcast, reduce) as an output;
+// its inputs then hold only what the op keeps alive (a PREMUL_SUM factor).
+const std::vector<at::Tensor>& sentTensors(
+    c10d::OpType type,
+    const std::vector<at::Tensor>& outputs,
+    const std::vector<at::Tensor>& inputs);
+
 class NcclWork : public c10d::Work {
  public:
   NcclWork(

@@ -16,6 +16,7 @@
 #include "backend/failure.h"
 #include "backend/flight_recorder.h"
 #include "backend/hooks.h"
+#include "backend/nan_check.h"
 #include "backend/sync_ops.h"
 #include "backend/watchdog.h"
 #include "backend/work.h"
@@ -362,6 +363,14 @@ void bindTesting(py::module_& m) {
       .def("oldest", &FakeTimeline::oldest, py::arg("now_ms"))
       .def("span_count", &FakeTimeline::spanCount)
       .def("finished_before", &FakeTimeline::finishedBefore);
+  testing.def(
+      "refuse_nan",
+      [](const std::string& op, const std::vector<at::Tensor>& sent) {
+        refuseNan(op.c_str(), sent);
+      },
+      py::arg("op"),
+      py::arg("sent"),
+      "TORCH_NCCL_NAN_CHECK's check of the tensors an op sends.");
   bindFakeNccl(testing);
   bindFlightRecorder(testing);
 }

@@ -109,3 +109,18 @@ def test_bad_call_is_refused_and_group_stays_usable(case):
     probe = probe_group()
     assert_raised(error, types, match)
     assert_equal(*probe)
+
+
+def test_nan_check_looks_only_at_data_a_rank_sends(rank, monkeypatch):
+    """TORCH_NCCL_NAN_CHECK=1: a NaN to send is refused on every rank before NCCL runs; a
+    broadcast's receive buffer on the other ranks may hold anything."""
+    monkeypatch.setenv("TORCH_NCCL_NAN_CHECK", "1")
+    checked = dist.new_group(backend="nccl_core")
+    dirty = torch.full((4,), float("nan"), device="cuda")
+    error = raised_by(lambda: dist.all_reduce(dirty.clone(), group=checked))
+    received = torch.zeros(4, device="cuda") if rank == 0 else dirty.clone()
+    dist.broadcast(received, src=0, group=checked)
+    torch.cuda.synchronize()
+    dist.destroy_process_group(checked)
+    assert_raised(error, ValueError, r"allreduce: tensor 0 to send holds NaN")
+    assert torch.equal(received, torch.zeros(4, device="cuda"))

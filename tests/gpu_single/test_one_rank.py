@@ -183,3 +183,21 @@ def test_reinitialise_after_destroy_in_the_same_process(group):
     dist.all_reduce(x)
     torch.cuda.synchronize()
     assert torch.equal(x, data())
+
+
+@pytest.mark.parametrize("async_op", ASYNC, ids=["sync", "async"])
+def test_nan_check_refuses_nan_to_send_and_leaves_the_group_usable(group, monkeypatch, async_op):
+    monkeypatch.setenv("TORCH_NCCL_NAN_CHECK", "1")
+    checked = dist.new_group([0], backend="nccl_core")
+    dirty = data()
+    dirty[7] = float("nan")
+    with pytest.raises(ValueError, match="allreduce: tensor 0 to send holds NaN"):
+        dist.all_reduce(dirty, group=checked, async_op=async_op)
+    with pytest.raises(ValueError, match="allgather_into_tensor: tensor 0 to send holds NaN"):
+        dist.all_gather_into_tensor(torch.empty_like(dirty), dirty, group=checked)
+    x = data()
+    finish(dist.all_reduce(x, group=checked, async_op=async_op), async_op)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # no check while capturing: nothing may synchronize
+        dist.all_reduce(dirty, group=checked)
+    assert torch.equal(x, data())

@@ -1,0 +1,31 @@
+"""TORCH_NCCL_NAN_CHECK's check of the tensors an op sends (backend/nan_check.h), on CPU tensors:
+launch() runs the same function on an op's CUDA tensors before numbering it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torch_nccl_core import _C
+
+refuse_nan = _C._testing.refuse_nan
+NAN = float("nan")
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.float8_e4m3fn,
+     torch.complex64],
+)  # fmt: skip
+def test_a_nan_to_send_is_refused_naming_the_op_and_the_tensor(dtype):
+    clean = torch.zeros(8, dtype=dtype)
+    dirty = torch.zeros(8, dtype=dtype)
+    dirty[5] = NAN
+    with pytest.raises(ValueError, match=r"nccl_core allreduce: tensor 1 to send holds NaN"):
+        refuse_nan("allreduce", [clean, dirty])
+
+
+def test_finite_and_integer_tensors_pass():
+    refuse_nan("allreduce", [torch.tensor([1.0, float("inf"), -float("inf")])])
+    refuse_nan("allreduce", [torch.arange(8, dtype=torch.int32), torch.ones(3, dtype=torch.bool)])
+    refuse_nan("send", [])
