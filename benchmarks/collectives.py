@@ -61,6 +61,9 @@ from .cases import OPS, VARIANTS, Env, Op, variant_envs
 from .report import human_bytes, progress_line, write_reports
 from .timing import Row, measure, measure_graph, verify
 
+# --noop-nccl goes up to this size: the fake scripts no windows, so no copy-engine reduce-scatter.
+NOOP_MAX_BYTES = 1 << 20
+
 
 def add_measurement_arguments(p: argparse.ArgumentParser) -> None:
     """--iters, --warmup, --target-ms, --variants and --repeats."""
@@ -140,6 +143,12 @@ def parse_args() -> argparse.Namespace:
         p.error("need --iters >= 1, --warmup >= 0, --target-ms > 0")
     if args.repeats < 1:
         p.error("need --repeats >= 1")
+    if args.noop_nccl and (
+        args.variants != ["plain"] or "put_signal" in args.ops or args.max_bytes > NOOP_MAX_BYTES
+    ):
+        # The fake scripts collectives and send/recv only: no NCCL memory, windows or the
+        # copy-engine reduce-scatter (from 32 MiB).
+        p.error("--noop-nccl runs plain memory, ops other than put_signal, up to 1M bytes")
     if args.graph_calls < 1 or args.graph_replays < 1:
         p.error("need --graph-calls >= 1 and --graph-replays >= 1")
     args.backend_labels = cli.backend_labels(args.backends)

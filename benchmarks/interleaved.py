@@ -157,12 +157,17 @@ def host_above(other: dict, base: dict) -> float:
     return float(other["host_us"]) - float(base["host_us"])
 
 
+def median_of(repeats: dict[int, dict], key: str) -> str:
+    values = [float(r[key]) for r in repeats.values()]
+    return fmt(statistics.median(values), ".2f") if values else ""
+
+
 def spread(values: list[float], spec: str) -> str:
     """median [min - max]"""
     if not values:
         return ""
     mid = format(statistics.median(values), spec)
-    return mid if len(values) == 1 else f"{mid} [{min(values):{spec}}-{max(values):{spec}}]"
+    return mid if len(values) == 1 else f"{mid} [{min(values):{spec}}, {max(values):{spec}}]"
 
 
 ENVIRONMENT = ("- date", "- torch", "- NCCL", "- device")
@@ -198,15 +203,13 @@ def markdown(args, rows: list[dict], passthrough: list[str]) -> str:
     for variant in dict.fromkeys(key[0] for key in table):
         out += ["", f"## variant `{variant}`", ""]
         out += ["| " + " | ".join(cols) + " |", "|---|---|" + "---:|" * (len(cols) - 2)]
-        for (v, op, nbytes), by in table.items():
+        for (v, op, nbytes), found in table.items():
             if v != variant:
                 continue
+            by = {label: found.get(label, {}) for label in labels}  # a run may have failed
             cells = [op, human_bytes(nbytes)]
             for key in ("time_us", "host_us"):
-                cells += [
-                    fmt(statistics.median(float(r[key]) for r in by[label].values()), ".2f")
-                    for label in labels
-                ]
+                cells += [median_of(by[label], key) for label in labels]
             cells += [spread(paired(by[base], by[o], time_ratio), ".3f") for o in others]
             cells += [spread(paired(by[args.floor], by[a], host_above), ".2f") for a in above]
             out.append("| " + " | ".join(cells) + " |")

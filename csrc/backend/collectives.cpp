@@ -498,8 +498,10 @@ NcclCoreBackend::barrier(const c10d::BarrierOptions& opts) {
   if (!barrierToken_.defined()) {
     // Its value is never read: only the all-reduce's completion matters.
     barrierToken_ =
-        at::empty({1}, at::TensorOptions().device(device).dtype(at::kFloat));
+        at::zeros({1}, at::TensorOptions().device(device).dtype(at::kFloat));
   }
+  LaunchOptions options = LaunchOptions::blockingHost();
+  options.sendsData = false; // the token is no data of the caller's
   void* token = barrierToken_.data_ptr();
   // wait() on a barrier blocks the host until every rank has arrived.
   return launch(
@@ -514,7 +516,7 @@ NcclCoreBackend::barrier(const c10d::BarrierOptions& opts) {
         return nccl().allReduce(
             token, token, 1, ncclFloat32, ncclSum, comm, stream);
       },
-      LaunchOptions::blockingHost());
+      options);
 }
 
 } // namespace nccl_core

@@ -11,6 +11,9 @@ bool nanCheckRequested() {
 }
 
 void refuseNan(const char* op, const std::vector<at::Tensor>& sent) {
+  // One flag per tensor, read back together: one synchronization per op.
+  std::vector<at::Tensor> flags;
+  std::vector<size_t> index;
   for (size_t i = 0; i < sent.size(); ++i) {
     const at::Tensor& tensor = sent[i];
     const at::ScalarType type = tensor.scalar_type();
@@ -22,11 +25,20 @@ void refuseNan(const char* op, const std::vector<at::Tensor>& sent) {
     // isnan has no kernel for every reduced-precision type: compare as float.
     const at::Tensor values =
         at::isFloat8Type(type) ? tensor.to(at::kFloat) : tensor;
+    flags.push_back(at::isnan(values).any().reshape({1}));
+    index.push_back(i);
+  }
+  if (flags.empty()) {
+    return;
+  }
+  const at::Tensor found = at::cat(flags).cpu();
+  const bool* any = found.data_ptr<bool>();
+  for (size_t k = 0; k < index.size(); ++k) {
     NCCL_CORE_CHECK_ARG(
-        !at::isnan(values).any().item<bool>(),
+        !any[k],
         op,
         "tensor ",
-        i,
+        index[k],
         " to send holds NaN (TORCH_NCCL_NAN_CHECK=1 refuses such ops)");
   }
 }

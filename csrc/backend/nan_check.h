@@ -2,7 +2,8 @@
 // to send holds a NaN is refused. ProcessGroupNCCL checks in a kernel that
 // traps, so the process loses its CUDA context; this checks on the host, one
 // synchronization per op (a debugging switch), so that the op raises ValueError
-// and the group stays usable. Torch >= 2.14 also has a backend-agnostic hook
+// on this rank, which can go on. Ranks that did not refuse the op wait for it
+// until the group's timeout. Torch >= 2.14 also has a backend-agnostic hook
 // (TORCH_DIST_NAN_CHECK), which works on nccl_core as on any backend.
 #pragma once
 

@@ -25,6 +25,12 @@ def test_a_nan_to_send_is_refused_naming_the_op_and_the_tensor(dtype):
         refuse_nan("allreduce", [clean, dirty])
 
 
+def test_the_tensor_named_counts_every_tensor_sent():
+    dirty = torch.tensor([0.0, NAN])
+    with pytest.raises(ValueError, match=r"nccl_core send: tensor 2 to send holds NaN"):
+        refuse_nan("send", [torch.zeros(2), torch.arange(2), dirty])
+
+
 def test_finite_and_integer_tensors_pass():
     refuse_nan("allreduce", [torch.tensor([1.0, float("inf"), -float("inf")])])
     refuse_nan("allreduce", [torch.arange(8, dtype=torch.int32), torch.ones(3, dtype=torch.bool)])
