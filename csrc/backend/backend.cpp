@@ -108,6 +108,11 @@ NcclCoreBackend::sharedCommunicator(std::optional<at::Device> device) {
   return comm_;
 }
 
+std::shared_ptr<Communicator> NcclCoreBackend::windowFreeTwin() {
+  std::lock_guard<std::mutex> lock(timeoutMutex_); // routes_ is set under it
+  return routes_ ? routes_->twin() : nullptr;
+}
+
 c10::DeviceIndex NcclCoreBackend::deviceForOp(
     const at::Tensor& tensor,
     const char* op,
@@ -183,7 +188,9 @@ void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
   std::lock_guard<std::mutex> lock(initMutex_);
   // Read under the lock that setTimeout takes: neither misses a new timeout.
   std::lock_guard<std::mutex> timeoutLock(timeoutMutex_);
-  comm_->setTimeout(timeout_.load());
+  routes_ = CommRoutes::attach(
+      comm_, events_, autoRegister_, options_->copyEngineReduceScatter);
+  routes_->setTimeout(timeout_.load());
   watchdog_ = std::make_unique<Watchdog>(
       comm_,
       failure_,
@@ -344,7 +351,7 @@ void NcclCoreBackend::setTimeout(std::chrono::milliseconds timeout) {
   timeout_.store(timeout);
   if (watchdog_) {
     watchdog_->setTimeout(timeout);
-    comm_->setTimeout(timeout);
+    routes_->setTimeout(timeout);
   }
 }
 

@@ -16,7 +16,7 @@
 #include <optional>
 #include <string>
 
-#include "backend/copy_engine_reduce_scatter.h"
+#include "backend/comm_routes.h"
 #include "backend/ephemeral_timeouts.h"
 #include "backend/event_pool.h"
 #include "backend/failure.h"
@@ -57,6 +57,8 @@ struct LaunchOptions {
   // A one-sided op (torch's Window API): its peers, and whether it waits for
   // them, as the watchdog reports and treats it (SyncOpDetail).
   const SyncOpDetail* oneSided = nullptr;
+  // A reduce-scatter the copy engine may run in NCCL's place (CommRoutes).
+  const ReduceScatterCall* copyEngine = nullptr;
 
   static LaunchOptions withPeer(int peer) {
     LaunchOptions options;
@@ -251,6 +253,9 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   // defaults to the group's device.
   std::shared_ptr<Communicator>
   sharedCommunicator(std::optional<at::Device> device);
+  // The window-free twin (CommRoutes), null before the first symmetric
+  // window: for tests of routing.
+  std::shared_ptr<Communicator> windowFreeTwin();
 
   // A one-sided op on the group's communicator (nccl/onesided.h), from the
   // thread that runs the group's ops: numbered like them, refused once the
@@ -301,19 +306,20 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
       std::vector<at::Tensor> inputs,
       EnqueueFn enqueue,
       LaunchOptions launchOptions = {});
-  // What launch() settled before running the op: which communicator, its
-  // number, timeout and the caller's stream.
+  // What launch() settled before running the op: where it runs (and what to
+  // register first), its number, timeout and the caller's stream.
   struct OpPlan {
     OpInfo info;
-    Communicator& comm;
+    Route route;
     at::Device device;
     std::chrono::milliseconds timeout;
     c10::cuda::CUDAStream current;
     bool capturing;
     const SyncOpDetail* oneSided;               // LaunchOptions::oneSided
+    const ReduceScatterCall* copyEngineCall;    // LaunchOptions::copyEngine
     std::optional<size_t> trace = std::nullopt; // its flight recorder entry
   };
-  // Routes the op and numbers it.
+  // Routes the op (one look at its tensors) and numbers it.
   OpPlan prepare(
       c10d::OpType type,
       const char* name,
@@ -323,11 +329,8 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
       const std::vector<at::Tensor>& inputs,
       LaunchOptions launchOptions);
   // Notes a capture (or drops retired Work outside one) and registers the
-  // NCCL memory the op touches.
-  void beforeEnqueue(
-      const OpPlan& plan,
-      const std::vector<at::Tensor>& outputs,
-      const std::vector<at::Tensor>& inputs);
+  // NCCL memory routing found unregistered.
+  void beforeEnqueue(OpPlan& plan);
   c10::intrusive_ptr<c10d::Work> runSync(
       const OpPlan& plan,
       EnqueueFn enqueue,
@@ -363,12 +366,6 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   c10::DeviceIndex
   deviceForOp(const at::Tensor& tensor, const char* op, const char* what);
 
-  // The copy-engine path for a reduce-scatter into `output` on `stream`, or
-  // null where NCCL's kernel runs it (Options.copy_engine_reduce_scatter).
-  CopyEngineReduceScatter* copyEngineFor(
-      const at::Tensor& output,
-      c10d::ReduceOp::RedOpType op,
-      cudaStream_t stream);
   // A group over `comm`, made from this one: its options, and the timeout
   // and name `opts` give. `members` are its ranks in this group.
   c10::intrusive_ptr<NcclCoreBackend> child(
@@ -437,8 +434,10 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   std::atomic<bool> timing_;
   // TORCH_NCCL_NAN_CHECK: refuse ops that send NaN (backend/nan_check.h).
   const bool nanCheck_;
-  std::unique_ptr<at::cuda::MemPool> memPool_;          // for allocateTensor
-  std::unique_ptr<CopyEngineReduceScatter> copyEngine_; // made on first use
+  std::unique_ptr<at::cuda::MemPool> memPool_; // for allocateTensor
+  // The twin, the copy engine and automatic registration; made with the
+  // communicator.
+  std::shared_ptr<CommRoutes> routes_;
   uint64_t seq_ = 0;
 
   // Coalescing (an NCCL group spanning several ops).

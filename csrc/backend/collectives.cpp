@@ -388,23 +388,6 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter(
       });
 }
 
-CopyEngineReduceScatter* NcclCoreBackend::copyEngineFor(
-    const at::Tensor& output,
-    c10d::ReduceOp::RedOpType op,
-    cudaStream_t stream) {
-  const auto setting = options_->copyEngineReduceScatter;
-  // Inside a coalesced NCCL group every op must be NCCL's.
-  if (coalescing_ || setting == false) {
-    return nullptr;
-  }
-  if (!copyEngine_) {
-    copyEngine_ = std::make_unique<CopyEngineReduceScatter>(*comm_, *events_);
-  }
-  return copyEngine_->suits(output, op, setting == true, stream)
-             ? copyEngine_.get()
-             : nullptr;
-}
-
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::_reduce_scatter_base(
     at::Tensor& output,
     at::Tensor& input,
@@ -418,6 +401,9 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::_reduce_scatter_base(
   const NcclBuffer out = bufferOf(output, kOp);
   void* in = input.data_ptr();
   const NcclReduceOp op(opts.reduceOp, output, *comm_, kOp);
+  LaunchOptions options = LaunchOptions::routed(op.isBuiltin());
+  const ReduceScatterCall copyEngineCall{output, input, opts.reduceOp.op_};
+  options.copyEngine = &copyEngineCall;
   return launch(
       c10d::OpType::_REDUCE_SCATTER_BASE,
       kOp,
@@ -427,15 +413,10 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::_reduce_scatter_base(
       {output},
       withFactor({input}, op),
       [&](ncclComm_t comm, cudaStream_t stream) {
-        if (auto* copyEngine =
-                copyEngineFor(output, opts.reduceOp.op_, stream)) {
-          copyEngine->enqueue(output, input, opts.reduceOp.op_, stream);
-          return ncclSuccess;
-        }
         return nccl().reduceScatter(
             in, out.ptr, out.count, out.dtype, op.get(), comm, stream);
       },
-      LaunchOptions::routed(op.isBuiltin()));
+      options);
 }
 
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter_tensor_coalesced(

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 
-#include "backend/launch.h"
 #include "nccl/onesided.h"
 #include "nccl/window_pointers.h"
 
@@ -66,13 +65,13 @@ CopyEngineReduceScatter::CopyEngineReduceScatter(
     : comm_(comm), order_(events.acquire()) {}
 
 bool CopyEngineReduceScatter::suits(
-    const at::Tensor& output,
-    RedOpType op,
+    const ReduceScatterCall& call,
     bool always,
-    cudaStream_t stream) {
-  if (comm_.size() < 2 || !reducesLikeNccl(op, output.scalar_type()) ||
-      (!always && static_cast<size_t>(output.nbytes()) < kMinOutputBytes) ||
-      isCapturing(stream)) {
+    bool capturing) {
+  if (comm_.size() < 2 || capturing ||
+      !reducesLikeNccl(call.op, call.output.scalar_type()) ||
+      (!always &&
+       static_cast<size_t>(call.output.nbytes()) < kMinOutputBytes)) {
     return false;
   }
   if (!allPeersLoadStore_) {
@@ -82,16 +81,38 @@ bool CopyEngineReduceScatter::suits(
   return *allPeersLoadStore_;
 }
 
+const Staging& CopyEngineReduceScatter::staging(size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(stagingMutex_);
+    if (staging_) {
+      return *staging_;
+    }
+  }
+  // Collective, so made without the lock (drain must stay possible).
+  auto made = std::make_unique<Staging>(comm_, bytes);
+  std::lock_guard<std::mutex> lock(stagingMutex_);
+  staging_ = std::move(made);
+  return *staging_;
+}
+
+void CopyEngineReduceScatter::drain() const noexcept {
+  std::lock_guard<std::mutex> lock(stagingMutex_);
+  if (staging_) {
+    // With the signal waits ended the copies finish at once, unless other
+    // streams hold them.
+    staging_->drain(std::chrono::seconds(1));
+  }
+}
+
 void CopyEngineReduceScatter::enqueue(
-    const at::Tensor& output,
-    const at::Tensor& input,
-    RedOpType op,
+    const ReduceScatterCall& call,
     cudaStream_t stream) {
+  const RedOpType op = call.op;
   const int size = comm_.size();
   const int self = comm_.rank();
   const size_t region = kSlots * kChunkBytes; // per sender
   SignalWindow& signals = comm_.signals();
-  const Staging& staging = comm_.staging((size - 1) * region);
+  const Staging& staging = this->staging((size - 1) * region);
   const PeerBuffer& buffer = staging.buffer();
   cudaStream_t copies = staging.copies();
   cudaStream_t gate = staging.gate();
@@ -110,8 +131,8 @@ void CopyEngineReduceScatter::enqueue(
 
   after(copies, stream);
   after(reductions, stream);
-  const at::Tensor out = output.view(-1);
-  const at::Tensor in = input.view(-1);
+  const at::Tensor out = call.output.view(-1);
+  const at::Tensor in = call.input.view(-1);
   const int64_t count = out.numel();
   const int64_t elementSize = out.element_size();
   // At least two chunks, so that reducing one overlaps copying the next.

@@ -12,12 +12,23 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
+#include <chrono>
+#include <memory>
+#include <mutex>
 #include <optional>
 
 #include "backend/event_pool.h"
+#include "backend/staging.h"
 #include "nccl/communicator.h"
 
 namespace nccl_core {
+
+// A reduce-scatter the copy engine may run in NCCL's place.
+struct ReduceScatterCall {
+  const at::Tensor& output;
+  const at::Tensor& input;
+  c10d::ReduceOp::RedOpType op;
+};
 
 class CopyEngineReduceScatter {
  public:
@@ -25,23 +36,18 @@ class CopyEngineReduceScatter {
   CopyEngineReduceScatter(const CopyEngineReduceScatter&) = delete;
   CopyEngineReduceScatter& operator=(const CopyEngineReduceScatter&) = delete;
 
-  // Whether a reduce-scatter of `op` into `output` takes this path: every
-  // peer load/store reachable, an op and dtype ATen reduces as NCCL does, not
-  // captured in a CUDA graph, and (unless `always`) an output of at least
-  // kMinOutputBytes. The same answer on every rank for the same call.
-  bool suits(
-      const at::Tensor& output,
-      c10d::ReduceOp::RedOpType op,
-      bool always,
-      cudaStream_t stream);
+  // Whether `call` takes this path: every peer load/store reachable, an op
+  // and dtype ATen reduces as NCCL does, not `capturing` in a CUDA graph, and
+  // (unless `always`) an output of at least kMinOutputBytes. The same answer
+  // on every rank for the same call.
+  bool suits(const ReduceScatterCall& call, bool always, bool capturing);
 
   // Enqueues output = reduction over ranks of their input part for this rank,
   // ordered after `stream`'s earlier work and before its later work.
-  void enqueue(
-      const at::Tensor& output,
-      const at::Tensor& input,
-      c10d::ReduceOp::RedOpType op,
-      cudaStream_t stream);
+  void enqueue(const ReduceScatterCall& call, cudaStream_t stream);
+
+  // Lets the staging streams finish: the communicator is being aborted.
+  void drain() const noexcept;
 
   // Measured (docs/bench/reduce_scatter_crossover.md): below this NCCL's
   // kernel wins.
@@ -52,7 +58,13 @@ class CopyEngineReduceScatter {
   static constexpr size_t kChunkBytes = size_t{32} << 20;
   static constexpr int kSlots = 3;
 
+  // The staging, made with the first enqueue (collective then).
+  const Staging& staging(size_t bytes);
+
   Communicator& comm_;
+  // Guards staging_, which drain() reads from the aborting thread.
+  mutable std::mutex stagingMutex_;
+  std::unique_ptr<Staging> staging_;
   EventPool::Event order_; // orders the streams (see enqueue)
   std::optional<bool> allPeersLoadStore_;
   // Host bookkeeping of the staging slots (why a captured op cannot take

@@ -1,7 +1,7 @@
 // NcclCoreBackend::launch: the skeleton every op runs through. prepare()
-// settles the communicator (routing), the op's number and timeout;
-// beforeEnqueue() registers the NCCL memory it touches; runSync, runAsync and
-// runCoalesced run it.
+// settles where it runs (CommRoutes: the communicator, its twin or the copy
+// engine), its number and timeout; beforeEnqueue() registers the NCCL memory
+// routing found unregistered; runSync, runAsync and runCoalesced run it.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -10,7 +10,6 @@
 #include "backend/nan_check.h"
 #include "backend/op_profile.h"
 #include "backend/op_timing.h"
-#include "backend/routing.h"
 #include "nccl/api.h"
 #include "nccl/errors.h"
 
@@ -18,22 +17,27 @@ namespace nccl_core {
 
 namespace {
 
-// Runs an op's NCCL calls on `comm`, inside the communicator's abort fence;
-// a failure raises DistBackendError naming the op, its sequence number and
-// its group.
+// Runs an op's NCCL calls on the route's communicator, inside its abort
+// fence, or the copy engine's in their place; a failure raises
+// DistBackendError naming the op, its sequence number and its group.
 void enqueueChecked(
-    Communicator& comm,
+    const Route& route,
     const OpInfo& info,
     const std::string& group,
     EnqueueFn enqueue,
     const c10::cuda::CUDAStream& stream,
+    const ReduceScatterCall* copyEngineCall,
     OpTiming* timing = nullptr) {
   try {
-    const Communicator::Use use = comm.use();
+    const Communicator::Use use = route.comm.use();
     if (timing) {
       timing->start.record(stream);
     }
-    comm.check(enqueue(use.handle(), stream.stream()), info.name);
+    if (route.copyEngine != nullptr) {
+      route.copyEngine->enqueue(*copyEngineCall, stream.stream());
+    } else {
+      route.comm.check(enqueue(use.handle(), stream.stream()), info.name);
+    }
     if (timing) {
       timing->end.record(stream);
     }
@@ -77,7 +81,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
   // From here on under the op's profiler range: registration can take long.
   const OpProfile profile(
       plan.info, *groupName_, getRank(), getSize(), inputs, outputs);
-  beforeEnqueue(plan, outputs, inputs);
+  beforeEnqueue(plan);
   const bool sync = !coalescing_ && !asyncOp && !launchOptions.blocksHost;
   // A captured op runs when the graph is replayed, untracked. One-sided ops
   // stay out, as the Communicator API's do: torch's analyzer pairs
@@ -118,43 +122,44 @@ NcclCoreBackend::OpPlan NcclCoreBackend::prepare(
     const std::vector<at::Tensor>& outputs,
     const std::vector<at::Tensor>& inputs,
     LaunchOptions launchOptions) {
-  Communicator& comm =
-      launchOptions.routable && !coalescing_
-          ? routeCollective(communicator(device), type, outputs, inputs)
-          : communicator(device);
+  // The op's argument checks made the communicator (and routes_).
+  failure_->raiseIfFailed();
   const c10::cuda::CUDAStream current =
       c10::cuda::getCurrentCUDAStream(device.index());
+  const bool capturing = isCapturing(current.stream());
+  Route route = routes_->route(
+      RouteQuery{
+          type,
+          outputs,
+          inputs,
+          launchOptions.routable,
+          launchOptions.copyEngine,
+          capturing,
+          coalescing_});
   const SyncOpDetail* oneSided = launchOptions.oneSided;
   return OpPlan{
       OpInfo{type, name, ++seq_, oneSided && oneSided->waitsOnPeers},
-      comm,
+      std::move(route),
       device,
       (timeout == c10d::kUnsetTimeout ? timeout_.load() : timeout) +
           ephemeral_->active(),
       current,
-      isCapturing(current.stream()),
-      oneSided};
+      capturing,
+      oneSided,
+      launchOptions.copyEngine};
 }
 
-void NcclCoreBackend::beforeEnqueue(
-    const OpPlan& plan,
-    const std::vector<at::Tensor>& outputs,
-    const std::vector<at::Tensor>& inputs) {
-  Communicator& comm = plan.comm;
+void NcclCoreBackend::beforeEnqueue(OpPlan& plan) {
   if (plan.capturing) {
     // Counted before NCCL makes the graph's plan, so that an abort racing
     // this op already knows to leave NCCL's wait for the graph to a thread.
-    comm.noteCapture(plan.current.stream());
+    plan.route.comm.noteCapture(plan.current.stream());
   } else {
     // Not under capture: freeing NCCL memory there would invalidate it.
     watchdog_->reapRetired();
   }
-  if (autoRegister_ && registrationGains(plan.info.type)) {
-    for (const auto* tensors : {&outputs, &inputs}) {
-      for (const at::Tensor& tensor : *tensors) {
-        comm.registerAutomatically(tensor.data_ptr(), tensor.nbytes());
-      }
-    }
+  if (!plan.route.toRegister.empty()) {
+    routes_->registerMemory(plan.route);
   }
 }
 
@@ -165,7 +170,13 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::runSync(
   // Lean path: the caller's stream already orders everything.
   std::unique_ptr<OpTiming> timing = timingFor(plan);
   enqueueChecked(
-      plan.comm, plan.info, *groupName_, enqueue, plan.current, timing.get());
+      plan.route,
+      plan.info,
+      *groupName_,
+      enqueue,
+      plan.current,
+      plan.copyEngineCall,
+      timing.get());
   if (!plan.capturing) {
     watchdog_->noteSyncOp(
         plan.current.stream(), plan.info.name, plan.info.seq, plan.oneSided);
@@ -213,7 +224,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::runCoalesced(
     std::vector<at::Tensor> inputs) {
   const bool opensBlock = !coalescedGroup_;
   if (opensBlock) {
-    coalescedGroup_.emplace(plan.comm);
+    coalescedGroup_.emplace(plan.route.comm);
     const ncclResult_t started = nccl().groupStart();
     if (started != ncclSuccess) {
       coalescedGroup_.reset();
@@ -253,7 +264,14 @@ void NcclCoreBackend::enqueueOnInternalStream(
     OpTiming* timing) {
   // Temporaries made while enqueueing belong to the internal stream.
   const c10::cuda::CUDAStreamGuard guard(*stream_);
-  enqueueChecked(plan.comm, plan.info, *groupName_, enqueue, *stream_, timing);
+  enqueueChecked(
+      plan.route,
+      plan.info,
+      *groupName_,
+      enqueue,
+      *stream_,
+      plan.copyEngineCall,
+      timing);
 }
 
 std::unique_ptr<OpTiming> NcclCoreBackend::timingFor(const OpPlan& plan) const {

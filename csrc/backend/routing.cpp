@@ -3,8 +3,6 @@
 #include <c10/util/Exception.h>
 #include <c10/util/env.h>
 
-#include <algorithm>
-
 namespace nccl_core {
 
 SymmetricKernels symmetricKernelsSetting() {
@@ -47,36 +45,6 @@ bool symmetricKernelsWin(c10d::OpType type, size_t bytes) {
 
 bool registrationGains(c10d::OpType type) {
   return type != c10d::OpType::BROADCAST;
-}
-
-Communicator& routeCollective(
-    Communicator& comm,
-    c10d::OpType type,
-    const std::vector<at::Tensor>& outputs,
-    const std::vector<at::Tensor>& inputs) {
-  // Most groups have no symmetric window, hence no twin: one atomic load.
-  if (!comm.hasWindowFreeTwin()) {
-    return comm;
-  }
-  const SymmetricKernels setting = symmetricKernelsSetting();
-  if (setting == SymmetricKernels::Always) {
-    return comm;
-  }
-  size_t bytes = 0;
-  bool inWindow = false;
-  for (const auto* tensors : {&outputs, &inputs}) {
-    for (const at::Tensor& tensor : *tensors) {
-      bytes = std::max(bytes, static_cast<size_t>(tensor.nbytes()));
-      inWindow = inWindow ||
-                 comm.inSymmetricWindow(tensor.data_ptr(), tensor.nbytes());
-    }
-  }
-  if (!inWindow ||
-      (setting == SymmetricKernels::Auto && symmetricKernelsWin(type, bytes))) {
-    return comm;
-  }
-  // The twin lives as long as `comm` (which holds it), so a reference will do.
-  return *comm.withoutWindows();
 }
 
 } // namespace nccl_core

@@ -1,18 +1,15 @@
-// Registration and routing policy, from measurements (docs/memory.md). Which
-// communicator runs a collective whose buffers lie in a symmetric
-// window. NCCL then picks its symmetric kernels, which on 2 GPUs over NVLink
+// Registration and routing policy, from measurements (docs/memory.md), which
+// CommRoutes applies. On a collective whose buffers lie in a symmetric
+// window NCCL picks its symmetric kernels, which on 2 GPUs over NVLink
 // without multicast lose to its ring kernels for some ops and sizes; those
 // run on the group's window-free twin communicator instead, where the same
 // memory is buffer-registered (zero-copy), so a window never makes an op
 // slower than plain registration.
 #pragma once
 
-#include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
-#include <vector>
-
-#include "nccl/communicator.h"
+#include <cstddef>
 
 namespace nccl_core {
 
@@ -31,13 +28,5 @@ bool symmetricKernelsWin(c10d::OpType type, size_t bytes);
 // slower than the copy-through one at 8-32 MiB (docs/memory.md); on window
 // memory it is routed to the twin, where nothing is registered.
 bool registrationGains(c10d::OpType type);
-
-// `comm`, or its window-free twin when `tensors` lie in symmetric windows
-// and the table says the ring is faster.
-Communicator& routeCollective(
-    Communicator& comm,
-    c10d::OpType type,
-    const std::vector<at::Tensor>& outputs,
-    const std::vector<at::Tensor>& inputs);
 
 } // namespace nccl_core

@@ -222,14 +222,6 @@ void Communicator::check(ncclResult_t result, const char* call) {
 
 void Communicator::setTimeout(std::chrono::milliseconds timeout) {
   timeout_.store(timeout, std::memory_order_relaxed);
-  std::shared_ptr<Communicator> twin;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    twin = withoutWindows_;
-  }
-  if (twin) {
-    twin->setTimeout(timeout);
-  }
 }
 
 std::optional<ncclResult_t> Communicator::pollUntilSettled() {
@@ -275,27 +267,28 @@ void Communicator::abort() noexcept {
   // ncclCommAbort rather than ncclCommDestroy: it frees the same resources
   // (registrations and windows included) but never waits for peers or for
   // operations that may never complete.
+  std::shared_ptr<CommunicatorListener> listener; // outlives the lock below
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (aborted_.exchange(true)) {
+      return;
+    }
+    if (signalWindow_) {
+      signalWindow_->abortWaits(); // before NCCL unmaps the peers' windows
+    }
+    listener = listener_.lock();
+  }
+  if (listener) {
+    // Without the lock: what it ends (copies into peers' memory, which must
+    // finish before NCCL unmaps it) may need this communicator.
+    listener->aborting();
+  }
   std::lock_guard<std::mutex> lock(mutex_);
-  if (aborted_.exchange(true)) {
-    return;
-  }
-  if (signalWindow_) {
-    signalWindow_->abortWaits(); // before NCCL unmaps the peers' windows
-  }
-  if (staging_) {
-    // Its copies to peers must not run once their memory is unmapped; with
-    // the waits ended they finish at once unless other streams hold them.
-    staging_->drain(std::chrono::seconds(1));
-  }
   for (auto& [_, resource] : resources_) {
     resource->closed_.store(true, std::memory_order_release);
   }
   resources_.clear();
   windows_.clear();
-  byAllocation_.clear();
-  if (withoutWindows_) {
-    withoutWindows_->abort();
-  }
   releaseRequested_ = true;
   if (uses_.load() == 0) {
     releaseHandle();
@@ -380,20 +373,15 @@ std::shared_ptr<Window>
 Communicator::registerWindow(void* ptr, size_t bytes, int flags) {
   const auto allocation = findAllocation(ptr, bytes);
   DeviceGuard guard(device_);
+  std::shared_ptr<CommunicatorListener> listener;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    listener = listener_.lock();
+  }
   // Collective: waits for the peers, so without the lock (abort must stay
   // possible meanwhile).
-  if ((flags & NCCL_WIN_COLL_SYMMETRIC) != 0 && !withoutWindows()) {
-    // Collective like the registration itself, so every rank makes it here.
-    ncclConfig_t config = config_; // the group's settings (CTAs, ...)
-    config.splitShare = 1;         // shares the parent's buffers and channels
-    auto twin = split(0, rank_, config, label_ + " (window-free twin)");
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (isAborted()) {
-      twin->abort(); // aborted meanwhile: the twin goes with it
-    }
-    twin->setTimeout(timeout()); // a setTimeout since the split
-    withoutWindows_ = std::move(twin);
-    hasTwin_.store(true, std::memory_order_release);
+  if (listener) {
+    listener->beforeWindow(*this, flags);
   }
   const ncclWindow_t window = windowRegister(ptr, bytes, flags);
   std::shared_ptr<Window> tracked;
@@ -409,6 +397,9 @@ Communicator::registerWindow(void* ptr, size_t bytes, int flags) {
         ptr,
         bytes,
         flags);
+  }
+  if (listener) {
+    listener->windowRegistered(tracked);
   }
   if (oneSidedEngine() == OneSidedEngine::LoadStore) {
     prepareLoadStore(*tracked);
@@ -458,20 +449,6 @@ SignalWindow& Communicator::signals() {
   get(); // aborted meanwhile: its window is gone
   signalWindow_ = std::move(made);
   return *signalWindow_;
-}
-
-Staging& Communicator::staging(size_t bytes) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (staging_) {
-      return *staging_;
-    }
-  }
-  auto made = std::make_unique<Staging>(*this, bytes);
-  std::lock_guard<std::mutex> lock(mutex_);
-  get();
-  staging_ = std::move(made);
-  return *staging_;
 }
 
 ncclWindow_t Communicator::windowRegister(void* ptr, size_t bytes, int flags) {
@@ -540,39 +517,14 @@ size_t Communicator::resourceCount() {
   return resources_.size();
 }
 
-std::shared_ptr<Communicator> Communicator::withoutWindows() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return withoutWindows_;
-}
-
 bool Communicator::inSymmetricWindow(const void* ptr, size_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   return windowCovering(ptr, bytes, NCCL_WIN_COLL_SYMMETRIC) != nullptr;
 }
 
-void Communicator::registerAutomatically(const void* ptr, size_t bytes) {
-  const auto allocation = findAllocation(ptr, bytes);
-  if (!allocation || allocation->device != device_) {
-    return;
-  }
+void Communicator::setListener(std::weak_ptr<CommunicatorListener> listener) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (byAllocation_.count(allocation->id) != 0 ||
-      windowCovering(ptr, bytes, 0) != nullptr) {
-    return; // registered already, or NCCL finds it in a window
-  }
-  // The whole allocation, so every tensor carved from it (a MemPool segment)
-  // shares one registration.
-  void* handle = nullptr;
-  checkLocal(
-      nccl().commRegister(
-          get(),
-          reinterpret_cast<void*>(allocation->base),
-          allocation->size,
-          &handle),
-      "ncclCommRegister");
-  byAllocation_.emplace(
-      allocation->id,
-      track<RegisteredBuffer>(allocation->id, handle, allocation->size));
+  listener_ = std::move(listener);
 }
 
 void Communicator::close(CommResource& resource) noexcept {
@@ -590,12 +542,6 @@ void Communicator::close(CommResource& resource) noexcept {
   windows_.erase(
       std::remove(windows_.begin(), windows_.end(), owned.get()),
       windows_.end());
-  if (const auto& allocation = owned->allocation()) {
-    auto entry = byAllocation_.find(*allocation);
-    if (entry != byAllocation_.end() && entry->second == owned) {
-      byAllocation_.erase(entry);
-    }
-  }
   if (!isAborted()) {
     DeviceGuard guard(device_);
     owned->release(comm_);

@@ -23,6 +23,24 @@
 
 namespace nccl_core {
 
+class Communicator;
+
+// What the layer above (the backend's routing, backend/comm_routes.h) hears of
+// a communicator: the NCCL layer holds no policy of its own about windows or
+// aborts. Held weakly, like an AllocationObserver.
+class CommunicatorListener {
+ public:
+  virtual ~CommunicatorListener() = default;
+  // On every rank before a window with `flags` is registered, at the same
+  // point of the collective order, so it may run collectives of its own.
+  virtual void beforeWindow(Communicator& comm, int flags) = 0;
+  // `window` was registered and is tracked.
+  virtual void windowRegistered(const std::shared_ptr<Window>& window) = 0;
+  // Once, when the communicator is aborted: its signal waits have ended, and
+  // NCCL has not yet freed its resources. Called without its lock.
+  virtual void aborting() noexcept = 0;
+};
+
 class Communicator final : public AllocationObserver,
                            public std::enable_shared_from_this<Communicator> {
  public:
@@ -99,6 +117,10 @@ class Communicator final : public AllocationObserver,
   int device() const {
     return device_;
   }
+  // The config it was made with, for communicators derived from it.
+  const ncclConfig_t& config() const {
+    return config_;
+  }
   bool isAborted() const {
     return aborted_.load(std::memory_order_acquire);
   }
@@ -107,7 +129,6 @@ class Communicator final : public AllocationObserver,
   std::chrono::milliseconds timeout() const {
     return timeout_.load(std::memory_order_relaxed);
   }
-  // Also the window-free twin's, which serves this communicator's ops.
   void setTimeout(std::chrono::milliseconds timeout);
 
   // Raises DistBackendError naming `call` unless `result` is a success. On a
@@ -142,15 +163,13 @@ class Communicator final : public AllocationObserver,
   std::shared_ptr<class DevComm> adoptDevComm(std::shared_ptr<void> devComm);
 
   // The signal window, null until signals() made it: the LoadStore
-  // one-sided engine makes it with the first window.
+  // one-sided engine makes it with the first window. A one-sided resource of
+  // the communicator, like NCCL's own signals: the Communicator API's
+  // put_signal / wait_signal use it without any group.
   SignalWindow* signalWindow();
   // The signal window, made on first call (collective then). Needs
   // windowAddressesReadable().
   SignalWindow& signals();
-  // Staging memory every load/store peer maps and its streams, made on first
-  // call (collective then, `bytes` on every rank); later calls return it as
-  // made.
-  Staging& staging(size_t bytes);
   // A window for this package's own use: not a tracked resource, released
   // when the communicator is aborted or destroyed. Collective.
   ncclWindow_t registerInternalWindow(void* ptr, size_t bytes);
@@ -160,22 +179,11 @@ class Communicator final : public AllocationObserver,
   void destroyRedOp(ncclRedOp_t op) noexcept;
 
   // Whether [ptr, ptr + bytes) lies in a COLL_SYMMETRIC window of this
-  // communicator (collectives on it may then use NCCL's symmetric kernels).
+  // communicator (NCCL's one-sided calls read it in place).
   bool inSymmetricWindow(const void* ptr, size_t bytes);
 
-  // A second communicator over the same ranks, made (collectively) with the
-  // first symmetric window. It holds no windows, so ops that must not take
-  // NCCL's symmetric kernels run on it, on buffer-registered memory.
-  std::shared_ptr<Communicator> withoutWindows();
-  // Whether withoutWindows() is set: a lock-free look for the hot path.
-  bool hasWindowFreeTwin() const noexcept {
-    return hasTwin_.load(std::memory_order_acquire);
-  }
-
-  // Registers the NCCL allocation holding [ptr, ptr + bytes) with this
-  // communicator on first use, so NCCL works on it in place. Memory that is
-  // not NCCL memory is left alone. Local, cheap when already registered.
-  void registerAutomatically(const void* ptr, size_t bytes);
+  // The one listener (see CommunicatorListener); replaces any earlier one.
+  void setListener(std::weak_ptr<CommunicatorListener> listener);
 
   void close(CommResource& resource) noexcept;
 
@@ -237,7 +245,7 @@ class Communicator final : public AllocationObserver,
   const bool nonblocking_;
   std::atomic<std::chrono::milliseconds> timeout_;
   const std::string label_;
-  // The config it was made with (strings owned here), for the twin.
+  // The config it was made with (strings owned here).
   const std::string netName_;
   const std::string commName_;
   ncclConfig_t config_;
@@ -257,14 +265,10 @@ class Communicator final : public AllocationObserver,
   std::unordered_map<const CommResource*, std::shared_ptr<CommResource>>
       resources_;
   std::vector<Window*> windows_; // the windows among resources_
-  // Registrations made by registerAutomatically, by allocation id.
-  std::unordered_map<uint64_t, std::shared_ptr<CommResource>> byAllocation_;
-  std::shared_ptr<Communicator> withoutWindows_;
-  std::atomic<bool> hasTwin_{false}; // withoutWindows_ != nullptr
-  // Declared last: destroyed after the destructor's abort released their
-  // windows.
+  std::weak_ptr<CommunicatorListener> listener_;
+  // Declared last: destroyed after the destructor's abort released its
+  // window.
   std::unique_ptr<SignalWindow> signalWindow_;
-  std::unique_ptr<Staging> staging_;
 };
 
 } // namespace nccl_core

@@ -7,17 +7,7 @@
 #include "nccl/memory.h"
 #include "nccl/window_pointers.h"
 
-#include <thread>
-
 namespace nccl_core {
-
-namespace {
-cudaStream_t newStream() {
-  cudaStream_t stream = nullptr;
-  C10_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  return stream;
-}
-} // namespace
 
 PeerBuffer::PeerBuffer(Communicator& comm, size_t bytes) : bytes_(bytes) {
   const auto device = static_cast<c10::DeviceIndex>(comm.device());
@@ -34,32 +24,6 @@ PeerBuffer::PeerBuffer(Communicator& comm, size_t bytes) : bytes_(bytes) {
   for (int peer = 0; peer < comm.size(); ++peer) {
     if (auto lsaRank = lsaRankOf(comm, peer)) {
       remote_[peer] = bases.at(*lsaRank);
-    }
-  }
-}
-
-Staging::Staging(Communicator& comm, size_t bytes)
-    : buffer_(comm, bytes), device_(comm.device()) {
-  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
-  for (cudaStream_t& stream : streams_) {
-    stream = newStream();
-  }
-}
-
-Staging::~Staging() {
-  // Work still queued completes first; the streams go afterwards.
-  for (cudaStream_t stream : streams_) {
-    C10_CUDA_CHECK_WARN(cudaStreamDestroy(stream));
-  }
-}
-
-void Staging::drain(std::chrono::milliseconds limit) const noexcept {
-  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  for (cudaStream_t stream : streams_) {
-    while (cudaStreamQuery(stream) == cudaErrorNotReady &&
-           std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
 }

@@ -6,8 +6,6 @@
 #include <c10/core/Allocator.h>
 #include <cuda_runtime_api.h>
 
-#include <array>
-#include <chrono>
 #include <cstdint>
 #include <vector>
 
@@ -41,46 +39,6 @@ class PeerBuffer {
   c10::DataPtr memory_;
   size_t bytes_;
   std::vector<uintptr_t> remote_;
-};
-
-// Staging memory every load/store peer maps, with the streams that work on
-// it: `copies` writes peers' staging (copy engine only, so nothing else may
-// delay the next copy), `gate` waits until a peer freed a slot, `signals`
-// says a chunk arrived, `reductions` consumes this rank's staging. Owned by
-// the communicator, so that its abort can let them finish before NCCL unmaps
-// the peers' memory they write to.
-class Staging {
- public:
-  // Collective, like PeerBuffer.
-  Staging(Communicator& comm, size_t bytes);
-  Staging(const Staging&) = delete;
-  Staging& operator=(const Staging&) = delete;
-  ~Staging();
-
-  const PeerBuffer& buffer() const {
-    return buffer_;
-  }
-  cudaStream_t copies() const {
-    return streams_[0];
-  }
-  cudaStream_t gate() const {
-    return streams_[1];
-  }
-  cudaStream_t signals() const {
-    return streams_[2];
-  }
-  cudaStream_t reductions() const {
-    return streams_[3];
-  }
-  // Waits up to `limit` for the streams to run out of work. Their waits end
-  // once the communicator's abort flag is set; what is still held back by
-  // other streams past `limit` is left.
-  void drain(std::chrono::milliseconds limit) const noexcept;
-
- private:
-  PeerBuffer buffer_;
-  int device_;
-  std::array<cudaStream_t, 4> streams_{};
 };
 
 } // namespace nccl_core

@@ -237,7 +237,12 @@ void bindBackend(py::module_& m) {
           &NcclCoreBackend::sharedCommunicator,
           py::arg("device") = py::none(),
           py::call_guard<py::gil_scoped_release>(),
-          "The group's NCCL communicator, created on first use.");
+          "The group's NCCL communicator, created on first use.")
+      .def_property_readonly(
+          "_window_free_twin",
+          &NcclCoreBackend::windowFreeTwin,
+          "The communicator that runs ops symmetric kernels would slow down "
+          "(None before the first symmetric window).");
 }
 
 } // namespace

@@ -163,12 +163,7 @@ void bindCommunicator(py::module_& m) {
           py::arg("scalar"),
           py::arg("dtype"),
           py::call_guard<py::gil_scoped_release>())
-      .def("_resource_count", &Communicator::resourceCount)
-      .def_property_readonly(
-          "_without_windows",
-          &Communicator::withoutWindows,
-          "The window-free twin that runs ops symmetric kernels would slow "
-          "down (None before the first symmetric window).");
+      .def("_resource_count", &Communicator::resourceCount);
 }
 
 } // namespace nccl_core

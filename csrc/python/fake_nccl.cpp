@@ -179,6 +179,34 @@ recv(void*, size_t, ncclDataType_t, int, ncclComm_t comm, cudaStream_t) {
   return Call("ncclRecv", fakeOf(comm)).result;
 }
 
+// Registrations and windows get distinct handles that stand for nothing:
+// routing's tests count them.
+void* nextHandle() {
+  static std::atomic<uintptr_t> handles{0};
+  return reinterpret_cast<void*>(++handles);
+}
+
+ncclResult_t registerBuffer(ncclComm_t comm, void*, size_t, void** handle) {
+  const Call call("ncclCommRegister", fakeOf(comm));
+  *handle = nextHandle();
+  return call.result;
+}
+
+ncclResult_t deregisterBuffer(ncclComm_t comm, void*) {
+  return Call("ncclCommDeregister", fakeOf(comm)).result;
+}
+
+ncclResult_t
+registerWindow(ncclComm_t comm, void*, size_t, ncclWindow_t* window, int) {
+  const Call call("ncclCommWindowRegister", fakeOf(comm));
+  *window = static_cast<ncclWindow_t>(nextHandle());
+  return call.result;
+}
+
+ncclResult_t deregisterWindow(ncclComm_t comm, ncclWindow_t) {
+  return Call("ncclCommWindowDeregister", fakeOf(comm)).result;
+}
+
 ncclResult_t getUniqueId(ncclUniqueId* id) {
   std::memset(id, 0, sizeof(*id));
   return ncclSuccess;
@@ -229,6 +257,10 @@ FakeNccl::FakeNccl(bool realCuda) {
   table_.reduceScatter = &reduceScatter;
   table_.send = &send;
   table_.recv = &recv;
+  table_.commRegister = &registerBuffer;
+  table_.commDeregister = &deregisterBuffer;
+  table_.commWindowRegister = &registerWindow;
+  table_.commWindowDeregister = &deregisterWindow;
   table_.getDevice = realCuda ? realNccl().getDevice : &getDevice;
   table_.setDevice = realCuda ? realNccl().setDevice : &setDevice;
   table_.exchangeStreamCaptureMode =

@@ -4,8 +4,9 @@
 // or made to fail, and misuse that would crash real NCCL (ncclCommAbort under
 // a call in progress, a call on a freed communicator) is counted instead.
 // Collectives and point-to-point calls enqueue nothing, so that a benchmark
-// on a GPU can tell the backend's host time from NCCL's. Entry points no such
-// path reaches (memory, windows, one-sided) stay null.
+// on a GPU can tell the backend's host time from NCCL's; registrations and
+// windows hand out handles that stand for nothing. Entry points no such path
+// reaches (memory, one-sided) stay null.
 #pragma once
 
 #include <condition_variable>

@@ -373,6 +373,7 @@ void bindTesting(py::module_& m) {
       "TORCH_NCCL_NAN_CHECK's check of the tensors an op sends.");
   bindFakeNccl(testing);
   bindFlightRecorder(testing);
+  bindRoutes(testing);
 }
 
 } // namespace nccl_core

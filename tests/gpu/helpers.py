@@ -203,6 +203,12 @@ def assert_raised(
         assert re.search(match, str(error)), f"message {str(error)!r} does not match {match!r}"
 
 
+def window_free_twin(group: dist.ProcessGroup | None = None):
+    """The communicator that runs ops NCCL's symmetric kernels would slow down (None before one)."""
+    group = group or dist.group.WORLD
+    return group._get_backend(torch.device("cuda"))._window_free_twin
+
+
 def probe_group(group: dist.ProcessGroup | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Run one all_reduce on `group`; return (result, expected) for assert_equal afterwards.
 

@@ -27,6 +27,7 @@ from .helpers import (
     reference_reduce,
     register_close_cycles,
     run_child_world,
+    window_free_twin,
 )
 
 CLOSED = "was closed"
@@ -259,10 +260,9 @@ def test_window_register_close_cycles_leak_nothing(rank, world_size):
 @pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter"])
 def test_ops_on_windows_avoid_slow_symmetric_kernels(rank, world_size, op):
     """Sizes where the ring beats NCCL's symmetric kernels run on the window-free twin."""
-    comm = torch_nccl_core.communicator()
     middle = torch_nccl_core.empty(1 << 20, window=True)  # 4 MiB: symmetric kernels win
     small = torch_nccl_core.empty(1 << 10, window=True)  # 4 KiB: they gain nothing
-    twin = comm._without_windows
+    twin = window_free_twin()
     numel = 64 << 18  # 64 MiB of float32
     counts = [twin._resource_count()]
     middle.copy_(rank_tensor(middle.numel(), torch.float32, rank))
@@ -306,7 +306,7 @@ def test_window_over_registered_memory_still_routes(rank):
     t.copy_(rank_tensor(numel, torch.float32, rank))
     dist.all_reduce(t)  # registers the allocation on the main communicator
     window = comm.register_window(t, WindowFlag.COLL_SYMMETRIC)
-    twin = comm._without_windows
+    twin = window_free_twin()
     before = twin._resource_count()
     dist.all_reduce(t)
     after = twin._resource_count()

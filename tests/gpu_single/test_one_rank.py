@@ -162,17 +162,29 @@ def test_bad_input_raises_and_leaves_the_group_usable(group):
 
 @pytest.mark.parametrize("window", [False, True], ids=["nccl_memory", "window"])
 def test_ops_on_nccl_memory_and_windows(group, window):
-    """A symmetric window makes the group's window-free twin (a split, at one rank too)."""
+    """A symmetric window makes the group's window-free twin (a split, at one rank too).
+
+    Small ops on window memory run on the twin, which registers their memory once; on plain NCCL
+    memory they run on the group's communicator, which registers it there.
+    """
     x = torch_nccl_core.empty(NUMEL, device="cuda", window=window)
     out = torch_nccl_core.empty(NUMEL, device="cuda", window=window)
-    x.copy_(data())
-    dist.all_reduce(x)
-    dist.broadcast(x, src=0)
-    dist.all_gather_into_tensor(out, x)
+    for _ in range(2):
+        x.copy_(data())
+        dist.all_reduce(x)
+        dist.broadcast(x, src=0)
+        dist.all_gather_into_tensor(out, x)
     torch.cuda.synchronize()
     assert torch.equal(x, data()) and torch.equal(out, data())
     comm = torch_nccl_core.communicator(group)
+    twin = group._get_backend(torch.device("cuda"))._window_free_twin
     assert (comm.find_window(x) is not None) == window
+    # Two windows, or two automatic registrations: one per allocation, however many ops.
+    assert comm._resource_count() == 2
+    if window:
+        assert twin is not None and twin._resource_count() == 2
+    else:
+        assert twin is None
 
 
 def test_reinitialise_after_destroy_in_the_same_process(group):

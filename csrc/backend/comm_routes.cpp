@@ -1,0 +1,227 @@
+#include "backend/comm_routes.h"
+
+#include <algorithm>
+#include <mutex>
+
+#include "backend/routing.h"
+
+namespace nccl_core {
+
+namespace {
+
+// The flags of `memory`'s live window covering [ptr, ptr + bytes), or -1.
+template <typename Windows>
+int coveringWindowFlags(const Windows& windows, const void* ptr, size_t bytes) {
+  const auto address = reinterpret_cast<uintptr_t>(ptr);
+  for (const auto& weak : windows) {
+    const auto window = weak.lock();
+    if (!window || !window->isValid()) {
+      continue;
+    }
+    const auto base = reinterpret_cast<uintptr_t>(window->userPtr());
+    if (address >= base && address + bytes <= base + window->size()) {
+      return window->flags();
+    }
+  }
+  return -1;
+}
+
+bool valid(const std::shared_ptr<RegisteredBuffer>& buffer) {
+  return buffer && buffer->isValid();
+}
+
+} // namespace
+
+std::shared_ptr<CommRoutes> CommRoutes::attach(
+    std::shared_ptr<Communicator> comm,
+    std::shared_ptr<EventPool> events,
+    bool autoRegister,
+    std::optional<bool> copyEngine) {
+  std::shared_ptr<CommRoutes> routes(new CommRoutes(
+      std::move(comm), std::move(events), autoRegister, copyEngine));
+  routes->comm_->setListener(routes);
+  addAllocationObserver(routes);
+  return routes;
+}
+
+CommRoutes::CommRoutes(
+    std::shared_ptr<Communicator> comm,
+    std::shared_ptr<EventPool> events,
+    bool autoRegister,
+    std::optional<bool> copyEngine)
+    : comm_(std::move(comm)),
+      events_(std::move(events)),
+      autoRegister_(autoRegister),
+      copyEngineSetting_(copyEngine),
+      copyEngine_(
+          copyEngine == false
+              ? nullptr
+              : std::make_unique<CopyEngineReduceScatter>(*comm_, *events_)) {}
+
+CopyEngineReduceScatter* CommRoutes::copyEngineFor(const RouteQuery& query) {
+  if (query.copyEngine == nullptr || query.coalescing || !copyEngine_) {
+    return nullptr;
+  }
+  return copyEngine_->suits(
+             *query.copyEngine, copyEngineSetting_ == true, query.capturing)
+             ? copyEngine_.get()
+             : nullptr;
+}
+
+Route CommRoutes::route(const RouteQuery& query) {
+  if (CopyEngineReduceScatter* copyEngine = copyEngineFor(query)) {
+    return Route{*comm_, copyEngine};
+  }
+  // Most groups have no symmetric window, hence no twin: one atomic load.
+  const bool mayMove = query.routable && !query.coalescing &&
+                       hasTwin_.load(std::memory_order_acquire) &&
+                       symmetricKernelsSetting() != SymmetricKernels::Always;
+  const bool registers = autoRegister_ && registrationGains(query.type);
+  if (!mayMove && !registers) {
+    return Route{*comm_};
+  }
+  // One look per tensor: the allocation table (nothing to find without NCCL
+  // memory), then this table, read-locked, for its windows and
+  // registrations. Windows need NCCL memory, so plain tensors stop early.
+  size_t bytes = 0;
+  c10::SmallVector<std::pair<const at::Tensor*, Allocation>, 4> found;
+  for (const auto* tensors : {&query.outputs, &query.inputs}) {
+    for (const at::Tensor& tensor : *tensors) {
+      bytes = std::max(bytes, static_cast<size_t>(tensor.nbytes()));
+      const auto allocation =
+          findAllocation(tensor.data_ptr(), tensor.nbytes());
+      if (allocation && allocation->device == comm_->device()) {
+        found.emplace_back(&tensor, *allocation);
+      }
+    }
+  }
+  if (found.empty()) {
+    return Route{*comm_};
+  }
+  c10::SmallVector<Touched, 4> touched;
+  bool inSymmetricWindow = false;
+  std::shared_ptr<Communicator> twin;
+  {
+    std::shared_lock<std::shared_mutex> lock(mutex_);
+    twin = twin_;
+    for (const auto& [tensor, allocation] : found) {
+      Touched t{allocation};
+      const auto memory = memory_.find(allocation.id);
+      if (memory != memory_.end()) {
+        t.windowFlags = coveringWindowFlags(
+            memory->second.windows, tensor->data_ptr(), tensor->nbytes());
+        t.onComm = valid(memory->second.onComm);
+        t.onTwin = valid(memory->second.onTwin);
+      }
+      inSymmetricWindow =
+          inSymmetricWindow ||
+          (t.windowFlags >= 0 && (t.windowFlags & NCCL_WIN_COLL_SYMMETRIC));
+      touched.push_back(t);
+    }
+  }
+  const bool toTwin = mayMove && twin && inSymmetricWindow &&
+                      !(symmetricKernelsSetting() == SymmetricKernels::Auto &&
+                        symmetricKernelsWin(query.type, bytes));
+  // The twin lives as long as this object (which holds it), so a reference
+  // will do.
+  Route route{toTwin ? *twin : *comm_};
+  if (registers) {
+    for (const Touched& t : touched) {
+      // NCCL finds memory in one of the communicator's windows by itself;
+      // the twin has none.
+      const bool registered =
+          toTwin ? t.onTwin : t.onComm || t.windowFlags >= 0;
+      const bool listed = std::any_of(
+          route.toRegister.begin(), route.toRegister.end(), [&](const auto& a) {
+            return a.id == t.allocation.id;
+          });
+      if (!registered && !listed) {
+        route.toRegister.push_back(t.allocation);
+      }
+    }
+  }
+  return route;
+}
+
+void CommRoutes::registerMemory(Route& route) {
+  const bool onTwin = &route.comm != comm_.get();
+  for (const Allocation& allocation : route.toRegister) {
+    std::unique_lock<std::shared_mutex> lock(mutex_);
+    Memory& memory = memory_[allocation.id];
+    std::shared_ptr<RegisteredBuffer>& slot =
+        onTwin ? memory.onTwin : memory.onComm;
+    if (valid(slot)) {
+      continue; // another thread's op registered it meanwhile
+    }
+    // The whole allocation, so every tensor carved from it (a MemPool
+    // segment) shares one registration. Local, so under the lock.
+    slot = route.comm.registerBuffer(
+        reinterpret_cast<void*>(allocation.base), allocation.size);
+  }
+  route.toRegister.clear();
+}
+
+std::shared_ptr<Communicator> CommRoutes::twin() const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  return twin_;
+}
+
+void CommRoutes::setTimeout(std::chrono::milliseconds timeout) {
+  comm_->setTimeout(timeout);
+  if (const auto twin = this->twin()) {
+    twin->setTimeout(timeout);
+  }
+}
+
+void CommRoutes::beforeWindow(Communicator& comm, int flags) {
+  if ((flags & NCCL_WIN_COLL_SYMMETRIC) == 0 ||
+      hasTwin_.load(std::memory_order_acquire)) {
+    return;
+  }
+  // Collective like the window's registration, so every rank makes it here.
+  ncclConfig_t config = comm.config(); // the group's settings (CTAs, ...)
+  config.splitShare = 1; // shares the parent's buffers and channels
+  auto twin =
+      comm.split(0, comm.rank(), config, comm.label() + " (window-free twin)");
+  twin->setTimeout(comm.timeout()); // a setTimeout since the split
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  if (comm.isAborted()) {
+    twin->abort(); // aborted meanwhile: the twin goes with it
+  }
+  twin_ = std::move(twin);
+  hasTwin_.store(true, std::memory_order_release);
+}
+
+void CommRoutes::windowRegistered(const std::shared_ptr<Window>& window) {
+  if (const auto& allocation = window->allocation()) {
+    std::unique_lock<std::shared_mutex> lock(mutex_);
+    auto& windows = memory_[*allocation].windows;
+    windows.erase(
+        std::remove_if(
+            windows.begin(),
+            windows.end(),
+            [](const std::weak_ptr<Window>& weak) {
+              const auto live = weak.lock();
+              return !live || !live->isValid();
+            }),
+        windows.end());
+    windows.push_back(window);
+  }
+}
+
+void CommRoutes::aborting() noexcept {
+  if (copyEngine_) {
+    copyEngine_->drain();
+  }
+  if (const auto twin = this->twin()) {
+    twin->abort();
+  }
+}
+
+void CommRoutes::onFree(const Allocation& allocation) noexcept {
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  // The communicators closed what covered it (their own observers).
+  memory_.erase(allocation.id);
+}
+
+} // namespace nccl_core

@@ -1,0 +1,121 @@
+// Where a group's ops run besides its communicator, and the memory each
+// communicator registered for them: the backend's routing state. The NCCL
+// layer holds none of this policy; it tells this object of windows and of
+// its abort (CommunicatorListener).
+// - The window-free twin: a second communicator over the same ranks, made
+//   (collectively) with the first symmetric window. It holds no windows, so
+//   ops that NCCL's symmetric kernels would slow down (routing.h) run there,
+//   on buffer-registered memory.
+// - The copy engine's reduce-scatter (copy_engine_reduce_scatter.h).
+// - Automatic registration (TORCH_NCCL_CORE_AUTO_REGISTER): NCCL memory an op
+//   touches is registered with the communicator that runs it, once.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/util/SmallVector.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <shared_mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/copy_engine_reduce_scatter.h"
+#include "backend/event_pool.h"
+#include "nccl/allocations.h"
+#include "nccl/communicator.h"
+
+namespace nccl_core {
+
+// What an op asks of routing (NcclCoreBackend::prepare fills it in).
+struct RouteQuery {
+  c10d::OpType type;
+  const std::vector<at::Tensor>& outputs;
+  const std::vector<at::Tensor>& inputs;
+  // A collective NCCL may give symmetric kernels: it may move to the twin.
+  bool routable = false;
+  // A reduce-scatter the copy engine may run instead of NCCL.
+  const ReduceScatterCall* copyEngine = nullptr;
+  bool capturing = false;
+  bool coalescing = false; // every op of an NCCL group runs on one comm
+};
+
+// Where an op runs, settled by one look at its tensors.
+struct Route {
+  Communicator& comm; // the group's communicator or its twin
+  CopyEngineReduceScatter* copyEngine = nullptr; // set: NCCL runs nothing
+  // NCCL memory of the op's to register with `comm` before it runs.
+  c10::SmallVector<Allocation, 2> toRegister;
+};
+
+class CommRoutes final : public CommunicatorListener,
+                         public AllocationObserver,
+                         public std::enable_shared_from_this<CommRoutes> {
+ public:
+  // Routes for `comm`'s ops, told of its windows and of its abort from now
+  // on. `copyEngine` is Options.copy_engine_reduce_scatter (unset: by size).
+  static std::shared_ptr<CommRoutes> attach(
+      std::shared_ptr<Communicator> comm,
+      std::shared_ptr<EventPool> events,
+      bool autoRegister,
+      std::optional<bool> copyEngine);
+  CommRoutes(const CommRoutes&) = delete;
+  CommRoutes& operator=(const CommRoutes&) = delete;
+
+  Route route(const RouteQuery& query);
+  // Registers what `route` found unregistered (local, may take a while).
+  void registerMemory(Route& route);
+
+  // The twin; null before the first symmetric window.
+  std::shared_ptr<Communicator> twin() const;
+  // The group's communicator and its twin time their nonblocking calls out
+  // after `timeout`.
+  void setTimeout(std::chrono::milliseconds timeout);
+
+  void beforeWindow(Communicator& comm, int flags) override;
+  void windowRegistered(const std::shared_ptr<Window>& window) override;
+  void aborting() noexcept override;
+  void onFree(const Allocation& allocation) noexcept override;
+
+ private:
+  CommRoutes(
+      std::shared_ptr<Communicator> comm,
+      std::shared_ptr<EventPool> events,
+      bool autoRegister,
+      std::optional<bool> copyEngine);
+
+  // What is known of one NCCL allocation, by id.
+  struct Memory {
+    std::vector<std::weak_ptr<Window>> windows; // of the group's communicator
+    std::shared_ptr<RegisteredBuffer> onComm;   // automatic registrations
+    std::shared_ptr<RegisteredBuffer> onTwin;
+  };
+  // An op's NCCL tensor as the lookup found it.
+  struct Touched {
+    Allocation allocation;
+    int windowFlags = -1; // -1: in no window; else the covering one's flags
+    bool onComm = false;  // registered there already
+    bool onTwin = false;
+  };
+  // The copy engine when it suits `query`.
+  CopyEngineReduceScatter* copyEngineFor(const RouteQuery& query);
+
+  const std::shared_ptr<Communicator> comm_;
+  const std::shared_ptr<EventPool> events_;
+  const bool autoRegister_;
+  const std::optional<bool> copyEngineSetting_;
+
+  // Read by every op that touches NCCL memory, written on registration,
+  // window and free.
+  mutable std::shared_mutex mutex_;
+  std::unordered_map<uint64_t, Memory> memory_;
+  std::shared_ptr<Communicator> twin_;
+  std::atomic<bool> hasTwin_{false}; // twin_ set: a lock-free look per op
+  // Null where the options turn the copy engine off.
+  const std::unique_ptr<CopyEngineReduceScatter> copyEngine_;
+};
+
+} // namespace nccl_core

@@ -1,0 +1,95 @@
+// torch_nccl_core._C._testing.CommRoutes: the backend's routing over a
+// communicator of the fake NCCL, with CPU tensors standing for NCCL memory.
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/comm_routes.h"
+#include "nccl/allocations.h"
+#include "python/testing_bindings.h"
+
+namespace py = pybind11;
+
+namespace nccl_core {
+
+namespace {
+
+c10d::OpType opType(const std::string& op) {
+  static const std::unordered_map<std::string, c10d::OpType> types{
+      {"all_reduce", c10d::OpType::ALLREDUCE},
+      {"all_gather", c10d::OpType::_ALLGATHER_BASE},
+      {"reduce_scatter", c10d::OpType::_REDUCE_SCATTER_BASE},
+      {"broadcast", c10d::OpType::BROADCAST}};
+  const auto type = types.find(op);
+  TORCH_CHECK_VALUE(type != types.end(), "unknown op '", op, "'");
+  return type->second;
+}
+
+// Routes an op as launch() does and registers what it found unregistered:
+// "group" or "twin", the communicator it runs on.
+std::string route(
+    CommRoutes& routes,
+    const std::string& op,
+    const std::vector<at::Tensor>& outputs,
+    const std::vector<at::Tensor>& inputs,
+    bool coalescing) {
+  Route route = routes.route(
+      RouteQuery{
+          opType(op), outputs, inputs, true, nullptr, false, coalescing});
+  const bool onTwin = &route.comm == routes.twin().get();
+  routes.registerMemory(route);
+  return onTwin ? "twin" : "group";
+}
+
+} // namespace
+
+void bindRoutes(py::module_& testing) {
+  py::class_<CommRoutes, std::shared_ptr<CommRoutes>>(
+      testing,
+      "CommRoutes",
+      "The backend's routing (backend/comm_routes.h) over a communicator of "
+      "the fake NCCL; the copy engine stays off.")
+      .def(
+          py::init([](std::shared_ptr<Communicator> comm, bool autoRegister) {
+            return CommRoutes::attach(
+                std::move(comm), nullptr, autoRegister, false);
+          }),
+          py::arg("comm"),
+          py::arg("auto_register") = true)
+      .def(
+          "route",
+          &route,
+          py::arg("op"),
+          py::arg("outputs"),
+          py::arg("inputs"),
+          py::arg("coalescing") = false,
+          py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("twin", &CommRoutes::twin)
+      .def("set_timeout", &CommRoutes::setTimeout, py::arg("timeout"));
+  testing.def(
+      "record_allocation",
+      [](const at::Tensor& tensor) {
+        recordAllocation(tensor.data_ptr(), tensor.nbytes(), 0);
+      },
+      py::arg("tensor"),
+      "Makes `tensor`'s memory count as NCCL memory of device 0.");
+  testing.def(
+      "forget_allocation",
+      [](const at::Tensor& tensor) { forgetAllocation(tensor.data_ptr()); },
+      py::arg("tensor"),
+      "As freeing NCCL memory does: what covers it is released first.");
+  testing.def(
+      "register_window",
+      [](Communicator& comm, const at::Tensor& tensor, int flags) {
+        return comm.registerWindow(tensor.data_ptr(), tensor.nbytes(), flags);
+      },
+      py::arg("comm"),
+      py::arg("tensor"),
+      py::arg("flags"),
+      py::call_guard<py::gil_scoped_release>());
+}
+
+} // namespace nccl_core

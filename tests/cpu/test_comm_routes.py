@@ -1,0 +1,186 @@
+"""The backend's routing (csrc/backend/comm_routes.h) against the scripted NCCL.
+
+Which communicator an op runs on (the group's, or the window-free twin made with the first
+symmetric window), what it registers automatically and when that is released: logic the GPU
+suite can only see through timings and resource counts, run here on CPU tensors whose memory is
+recorded as NCCL memory.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import torch
+
+import torch_nccl_core
+from torch_nccl_core import _C
+
+testing = _C._testing
+SYMMETRIC = _C.NCCL_WIN_COLL_SYMMETRIC
+DEFAULT = 0
+MiB = 1 << 20
+
+# Registering a window prepares the load/store one-sided engine where that engine is chosen, and
+# that needs a GPU. The choice is made once per process: made here, at collection, on the real
+# NCCL, before any test installs the fake.
+pytestmark = pytest.mark.skipif(
+    torch_nccl_core.one_sided_engine() != "nccl",
+    reason="fake windows stay off the load/store engine only with NCCL >= 2.29's host API",
+)
+
+
+@pytest.fixture
+def memory():
+    """Makes CPU tensors of `nbytes` that count as NCCL memory until the test ends."""
+    made: list[torch.Tensor] = []
+
+    def make(nbytes: int) -> torch.Tensor:
+        tensor = torch.empty(nbytes // 4, dtype=torch.float32)
+        testing.record_allocation(tensor)
+        made.append(tensor)
+        return tensor
+
+    yield make
+    for tensor in made:
+        testing.forget_allocation(tensor)
+
+
+@pytest.fixture
+def group(fake):
+    """(communicator, routes) of a fake two-rank group."""
+    comm = testing.create_communicator(2, 0, timedelta(seconds=5), False, "group 'g'")
+    routes = testing.CommRoutes(comm)
+    yield comm, routes
+    testing.abort(comm)
+
+
+def test_no_twin_without_a_symmetric_window(fake, group, memory):
+    comm, routes = group
+    x = memory(4096)
+    testing.register_window(comm, x, DEFAULT)
+    assert routes.twin is None and fake.calls("ncclCommSplit") == 0
+    assert routes.route("all_reduce", [x], [x]) == "group"
+    # NCCL finds window memory by itself: nothing registered on top.
+    assert fake.calls("ncclCommRegister") == 0
+
+
+def test_first_symmetric_window_makes_the_twin_once(fake, group, memory):
+    comm, routes = group
+    testing.register_window(comm, memory(4096), SYMMETRIC)
+    testing.register_window(comm, memory(4096), SYMMETRIC)
+    assert fake.calls("ncclCommSplit") == 1
+    assert routes.twin is not None and routes.twin.size == comm.size
+
+
+@pytest.mark.parametrize(
+    ("op", "nbytes", "expected"),
+    [
+        ("all_reduce", 4096, "twin"),  # below 2 MiB symmetric kernels gain nothing
+        ("all_reduce", 4 * MiB, "group"),  # 2-64 MiB: they win
+        ("all_reduce", 64 * MiB, "twin"),  # from 64 MiB the ring wins
+        ("reduce_scatter", 4 * MiB, "group"),
+        ("all_gather", 4 * MiB, "twin"),  # the registered ring is never slower
+        ("broadcast", 4 * MiB, "twin"),
+    ],
+)
+def test_window_memory_routes_by_the_measured_table(group, memory, op, nbytes, expected):
+    comm, routes = group
+    x = memory(nbytes)
+    testing.register_window(comm, x, SYMMETRIC)
+    assert routes.route(op, [x], [x]) == expected
+
+
+def test_the_twin_registers_window_memory_once(fake, group, memory):
+    comm, routes = group
+    x, out = memory(4096), memory(8192)
+    testing.register_window(comm, x, SYMMETRIC)
+    testing.register_window(comm, out, SYMMETRIC)
+    for _ in range(3):
+        assert routes.route("all_gather", [out], [x]) == "twin"
+    assert fake.calls("ncclCommRegister") == 2
+    assert routes.twin._resource_count() == 2
+    assert comm._resource_count() == 2  # the two windows, nothing registered over them
+    # Broadcast gains nothing from registration (docs/memory.md): none made.
+    y = memory(4096)
+    testing.register_window(comm, y, SYMMETRIC)
+    assert routes.route("broadcast", [y], [y]) == "twin"
+    assert fake.calls("ncclCommRegister") == 2
+
+
+def test_plain_nccl_memory_is_registered_on_the_group_once(fake, group, memory):
+    comm, routes = group
+    testing.register_window(comm, memory(4096), SYMMETRIC)  # a twin exists
+    x = memory(4096)
+    for _ in range(3):
+        assert routes.route("all_reduce", [x], [x]) == "group"
+    assert fake.calls("ncclCommRegister") == 1
+    assert comm._resource_count() == 2 and routes.twin._resource_count() == 0
+
+
+def test_ordinary_memory_is_left_alone(fake, group):
+    comm, routes = group
+    x = torch.empty(1024)
+    assert routes.route("all_reduce", [x], [x]) == "group"
+    assert fake.calls("ncclCommRegister") == 0 and comm._resource_count() == 0
+
+
+def test_one_symmetric_tensor_moves_the_op(group, memory):
+    """As NCCL would take its symmetric kernels when any buffer lies in a symmetric window."""
+    comm, routes = group
+    window, plain = memory(4096), memory(4096)
+    testing.register_window(comm, window, SYMMETRIC)
+    assert routes.route("all_gather", [window], [plain]) == "twin"
+    assert routes.route("all_gather", [plain], [plain]) == "group"
+
+
+def test_a_closed_window_stops_moving_ops(fake, group, memory):
+    comm, routes = group
+    x = memory(4096)
+    window = testing.register_window(comm, x, SYMMETRIC)
+    assert routes.route("all_reduce", [x], [x]) == "twin"
+    window.close()
+    assert routes.route("all_reduce", [x], [x]) == "group"
+    assert comm._resource_count() == 1  # registered there now that no window covers it
+
+
+def test_freeing_memory_releases_its_registrations(fake, group, memory):
+    comm, routes = group
+    x = memory(4096)
+    testing.register_window(comm, memory(4096), SYMMETRIC)
+    routes.route("all_reduce", [x], [x])
+    assert comm._resource_count() == 2
+    testing.forget_allocation(x)
+    assert fake.calls("ncclCommDeregister") == 1 and comm._resource_count() == 1
+    # The same address recorded again is a new allocation: registered anew.
+    testing.record_allocation(x)
+    routes.route("all_reduce", [x], [x])
+    assert fake.calls("ncclCommRegister") == 2 and comm._resource_count() == 2
+
+
+def test_coalesced_ops_stay_on_the_group(group, memory):
+    """Every op of one NCCL group must run on one communicator."""
+    comm, routes = group
+    x = memory(4096)
+    testing.register_window(comm, x, SYMMETRIC)
+    assert routes.route("all_reduce", [x], [x], coalescing=True) == "group"
+
+
+def test_without_auto_registration_nothing_is_registered(fake, memory):
+    comm = testing.create_communicator(2, 0, timedelta(seconds=5), False, "group 'g'")
+    routes = testing.CommRoutes(comm, auto_register=False)
+    x, y = memory(4096), memory(4096)
+    testing.register_window(comm, y, SYMMETRIC)
+    assert routes.route("all_reduce", [x], [x]) == "group"
+    assert routes.route("all_reduce", [y], [y]) == "twin"
+    assert fake.calls("ncclCommRegister") == 0
+    testing.abort(comm)
+
+
+def test_aborting_the_group_aborts_the_twin(fake, group, memory):
+    comm, routes = group
+    testing.register_window(comm, memory(4096), SYMMETRIC)
+    twin = routes.twin
+    testing.abort(comm)
+    assert twin.is_aborted
+    assert fake.live == 0
