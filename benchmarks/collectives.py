@@ -7,7 +7,7 @@ Run from the repository root, one process per GPU:
         [--ops all_reduce,send_recv] [--min-bytes 8] [--max-bytes 1G] \\
         [--step-factor 4] [--iters 200] [--warmup 5] [--target-ms 30] \\
         [--variants plain,nccl_mem,window,nccl_pool] [--repeats 2] \\
-        [--modes eager,graph] [--noop-nccl]
+        [--modes eager,graph,overlap] [--noop-nccl]
 
 One process group is created per backend (``dist.new_group(backend=...)``).
 For every op and every size the backends are measured back to back (A, then
@@ -36,6 +36,10 @@ Metrics per (variant, op, size, backend), each the max over ranks:
 
 ``--modes graph`` also times each op captured ``--graph-calls`` times in one CUDA
 graph and replayed (variant ``<variant>/graph``: time of a replay / calls).
+``--modes overlap`` measures what the op costs concurrent compute (variant
+``<variant>/overlap``): a bf16 matmul loop on a side stream beside back-to-back
+calls; the matmul's slowdown against its loop alone, and the op's time per call
+while matmuls run (each timed while the other loop covers it throughout).
 ``--noop-nccl`` makes nccl_core's NCCL calls enqueue nothing (the package's fake
 NCCL): nccl_core's host time without NCCL's; results are then not checked.
 
@@ -59,7 +63,7 @@ import torch.distributed as dist
 from . import cli
 from .cases import OPS, VARIANTS, Env, Op, variant_envs
 from .report import human_bytes, progress_line, write_reports
-from .timing import Row, measure, measure_graph, verify
+from .timing import Row, measure, measure_graph, measure_overlap, verify
 
 # --noop-nccl goes up to this size: the fake scripts no windows, so no copy-engine reduce-scatter.
 NOOP_MAX_BYTES = 1 << 20
@@ -93,10 +97,23 @@ def add_measurement_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--modes",
-        type=cli.comma_list(["eager", "graph"]),
+        type=cli.comma_list(["eager", "graph", "overlap"]),
         default=["eager"],
         help="eager: back-to-back calls; graph: calls captured in one CUDA graph and replayed, "
-        "reported as variant '<variant>/graph' (default eager)",
+        "reported as variant '<variant>/graph'; overlap: beside a matmul loop, reported as "
+        "'<variant>/overlap' with the matmul's slowdown (default eager)",
+    )
+    p.add_argument(
+        "--matmul-size",
+        type=int,
+        default=8192,
+        help="overlap: the matmul's square bf16 operands' side (default 8192)",
+    )
+    p.add_argument(
+        "--overlap-ms",
+        type=float,
+        default=200.0,
+        help="overlap: length of each timed loop (default 200)",
     )
     p.add_argument(
         "--graph-calls",
@@ -151,6 +168,8 @@ def parse_args() -> argparse.Namespace:
         p.error("--noop-nccl runs plain memory, ops other than put_signal, up to 1M bytes")
     if args.graph_calls < 1 or args.graph_replays < 1:
         p.error("need --graph-calls >= 1 and --graph-replays >= 1")
+    if args.matmul_size < 1 or args.overlap_ms <= 0:
+        p.error("need --matmul-size >= 1 and --overlap-ms > 0")
     args.backend_labels = cli.backend_labels(args.backends)
     # Backends whose results mean nothing: torch's floor, nccl_core over no-op NCCL calls.
     unchecked = {cli.FLOOR_BACKEND} | ({"nccl_core"} if args.noop_nccl else set())
@@ -179,9 +198,11 @@ def sweep(args, envs: dict[str, Env], groups: dict[str, dist.ProcessGroup], sync
 
 
 def modes(args, case: Op) -> list[str]:
-    """The modes of args.modes `case` can run in (graphs need CUDA and a capturable op)."""
-    graphs = case.capturable and case.env.device.type == "cuda"
-    return [m for m in args.modes if m == "eager" or graphs]
+    """The modes of args.modes `case` can run in (graphs need CUDA and a capturable op, overlap
+    needs CUDA)."""
+    cuda = case.env.device.type == "cuda"
+    runs = {"eager": True, "graph": case.capturable and cuda, "overlap": cuda}
+    return [m for m in args.modes if runs[m]]
 
 
 def measure_size(
@@ -203,12 +224,16 @@ def measure_size(
                     what = f"{case.name} {human_bytes(case.nbytes)} on {label} [{variant}]"
                     verify(case, fn, sync, what)
                 for mode in modes(args, case):
-                    timer = measure_graph if mode == "graph" else measure
-                    iters, per_op, host = timer(fn, sync, args)
-                    setting = variant if mode == "eager" else f"{variant}/graph"
+                    slowdown = None
+                    if mode == "overlap":
+                        iters, per_op, host, slowdown = measure_overlap(fn, sync, args)
+                    else:
+                        timer = measure_graph if mode == "graph" else measure
+                        iters, per_op, host = timer(fn, sync, args)
+                    setting = variant if mode == "eager" else f"{variant}/{mode}"
                     factor = case.bus_factor(case.env.world)
                     row = Row(setting, case.name, case.nbytes, label, iters, per_op * 1e6,
-                              host * 1e6, factor, [])  # fmt: skip
+                              host * 1e6, factor, [], slowdown)  # fmt: skip
                     key = (setting, label)
                     samples.setdefault(key, []).append(row.time_us)
                     if key not in best or row.time_us < best[key].time_us:

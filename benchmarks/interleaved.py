@@ -19,7 +19,8 @@ label) as the median of the per-repeat ratios, with their range; and, given a fl
 default the one running torch's ``fake`` backend, which communicates nothing), each label's host
 time above that floor: what the backend and NCCL add to ``torch.distributed``'s own cost of a
 call. A ``--noop-nccl`` run of ``nccl_core``
-splits that further into the backend's share and NCCL's enqueue.
+splits that further into the backend's share and NCCL's enqueue. With ``--modes overlap`` each
+label's matmul slowdown beside its calls is shown too (median [range] over the repeats).
 
 Writes OUT/interleaved.md, OUT/interleaved.csv (every run's rows with their repeat) and each run's
 own outputs under OUT/runs/.
@@ -157,8 +158,13 @@ def host_above(other: dict, base: dict) -> float:
     return float(other["host_us"]) - float(base["host_us"])
 
 
+def values_of(repeats: dict[int, dict], key: str) -> list[float]:
+    """The repeats' values of `key`, where they have one (CSV cells may be empty)."""
+    return [float(r[key]) for r in repeats.values() if r.get(key)]
+
+
 def median_of(repeats: dict[int, dict], key: str) -> str:
-    values = [float(r[key]) for r in repeats.values()]
+    values = values_of(repeats, key)
     return fmt(statistics.median(values), ".2f") if values else ""
 
 
@@ -188,6 +194,8 @@ def markdown(args, rows: list[dict], passthrough: list[str]) -> str:
     cols += [f"time {o}/{base}" for o in others]
     above = [label for label in labels if label != args.floor] if args.floor else []
     cols += [f"{label} host above {args.floor} us" for label in above]
+    slowdowns = any(r.get("matmul_slowdown_pct") for r in rows)
+    cols += [f"{label} matmul slowdown %" for label in labels] if slowdowns else []
     out = [
         "# Backends in separate processes, interleaved",
         "",
@@ -212,6 +220,9 @@ def markdown(args, rows: list[dict], passthrough: list[str]) -> str:
                 cells += [median_of(by[label], key) for label in labels]
             cells += [spread(paired(by[base], by[o], time_ratio), ".3f") for o in others]
             cells += [spread(paired(by[args.floor], by[a], host_above), ".2f") for a in above]
+            if slowdowns:
+                slowdown = [values_of(by[label], "matmul_slowdown_pct") for label in labels]
+                cells += [spread(values, ".2f") for values in slowdown]
             out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 

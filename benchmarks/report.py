@@ -98,14 +98,26 @@ def header_lines(args, device: torch.device, world: int, core) -> list[str]:
             if "graph" in args.modes
             else []
         ),
+        *(
+            [
+                f"- variants `<variant>/overlap`: beside a loop of {args.matmul_size}^2 bf16 "
+                f"matmuls on a side stream (~{args.overlap_ms:g} ms); time: per call while "
+                "matmuls run; matmul slowdown: the matmul loop's time beside the calls against "
+                "alone, in percent"
+            ]
+            if "overlap" in args.modes
+            else []
+        ),
     ]
 
 
 def markdown(rows: list[Row], labels: list[str], head: list[str]) -> str:
     base, others = labels[0], labels[1:]
+    slowdowns = any(r.matmul_slowdown_pct is not None for r in rows)
     cols = ["op", "bytes"]
     for label in labels:
         cols += [f"{label} time us", f"{label} host us", f"{label} busbw GB/s"]
+        cols += [f"{label} matmul slowdown %"] if slowdowns else []
     for o in others:
         cols += [f"time {o}/{base}", f"busbw {o}/{base}"]
     out = list(head)
@@ -124,6 +136,7 @@ def markdown(rows: list[Row], labels: list[str], head: list[str]) -> str:
                     fmt(r.host_us, ".2f"),
                     fmt(r.busbw, ".2f"),
                 ]
+                cells += [fmt(r.matmul_slowdown_pct, ".2f")] if slowdowns else []
             for o in others:
                 cells += [
                     fmt(ratio(by[base].time_us, by[o].time_us), ".3f"),
@@ -170,12 +183,12 @@ def memory_table(rows: list[Row], labels: list[str]) -> list[str]:
 
 
 def write_csv(path: str, rows: list[Row]) -> None:
-    head = "variant op bytes backend iters time_us host_us algbw_gbs busbw_gbs"
+    head = "variant op bytes backend iters time_us host_us algbw_gbs busbw_gbs matmul_slowdown_pct"
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(head.split())
         for r in rows:
-            values = (r.time_us, r.host_us, r.algbw, r.busbw)
+            values = (r.time_us, r.host_us, r.algbw, r.busbw, r.matmul_slowdown_pct)
             nums = [fmt(v, ".3f") for v in values]
             w.writerow([r.variant, r.op, r.nbytes, r.backend, r.iters, *nums])
 

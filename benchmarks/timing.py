@@ -5,6 +5,7 @@ agreed over the ranks; and the result rows they produce.
 from __future__ import annotations
 
 import functools
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -75,6 +76,80 @@ def measure_graph(
     return args.graph_calls, per_replay / args.graph_calls, host / args.graph_calls
 
 
+OVERLAP_COVER = 1.25  # the loop that is not timed outlasts the timed one by this factor
+OVERLAP_LEAD = 4  # matmuls kept enqueued ahead of the side stream, however slow the calls' host
+
+
+def _stream_seconds(start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+    return start.elapsed_time(end) / 1e3
+
+
+def measure_overlap(
+    fn: Callable[[], None], sync: Callable[[], None], args
+) -> tuple[int, float, float, float]:
+    """The SM cost of fn: a bf16 matmul loop (args.matmul_size squared) on a side stream beside
+    back-to-back calls of fn on the current one. Two runs, each timing one loop while the other
+    covers it throughout (OVERLAP_COVER): the matmul loop under fn's calls against the matmul loop
+    alone (the mean of one run before and one after, after a run that settles the clocks), and
+    fn's calls under matmuls. Returns (calls, s/op of fn under matmuls, host s/op,
+    matmul slowdown in percent); every rank runs the same counts, times are max over ranks."""
+    n = args.matmul_size
+    a, b = (torch.randn(n, n, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    c = torch.empty_like(a)
+    side = torch.cuda.Stream()
+
+    def matmul() -> None:
+        with torch.cuda.stream(side):
+            torch.mm(a, b, out=c)
+
+    def run(matmuls: int, calls: int, pace: float = 0.0) -> tuple[float, float, float]:
+        """Both loops from one start; (matmul s, fn s/op, host s/op). Between calls the host
+        enqueues the matmuls due by then (`pace` s each) plus OVERLAP_LEAD, so that host-bound
+        calls never leave the side stream waiting for its next matmul."""
+        sync()
+        rank_max(0.0)  # start together
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+        events[0].record()
+        side.wait_event(events[0])
+        events[2].record(side)
+        host, done = [], [0, 0]
+        start = time.perf_counter()
+        while done[0] < matmuls or done[1] < calls:
+            due = OVERLAP_LEAD + (time.perf_counter() - start) / pace if pace else matmuls
+            if done[0] < matmuls and (done[1] >= calls or done[0] < due):
+                matmul()
+                done[0] += 1
+            else:
+                t = time.perf_counter()
+                fn()
+                host.append(time.perf_counter() - t)
+                done[1] += 1
+        events[1].record()
+        events[3].record(side)
+        sync()
+        per_call = _stream_seconds(events[0], events[1]) / calls if calls else 0.0
+        median_host = statistics.median(host) if host else 0.0
+        return _stream_seconds(events[2], events[3]), per_call, median_host
+
+    for _ in range(args.warmup):
+        matmul()
+    mm_probe, _, _ = run(PROBE_ITERS, 0)
+    (mm_probe,) = rank_max(mm_probe / PROBE_ITERS)
+    # A full timed loop, not a few synchronized calls: the covering loop's count comes from it.
+    _, call_probe, _ = measure(fn, sync, args)
+    matmuls = max(MIN_ITERS, round(args.overlap_ms / 1e3 / mm_probe))
+    calls = max(MIN_ITERS, round(args.overlap_ms / 1e3 / max(call_probe, 1e-9)))
+    run(matmuls, 0)  # the clocks settle under a full loop first
+    (before,) = rank_max(run(matmuls, 0)[0])  # the counts below must agree over the ranks
+    cover = math.ceil(OVERLAP_COVER * before / max(call_probe, 1e-9))
+    loaded, _, _ = run(matmuls, cover, pace=mm_probe)
+    after, _, _ = run(matmuls, 0)  # alone again: drift between the runs averages out
+    cover = math.ceil(OVERLAP_COVER * calls * call_probe / mm_probe)
+    _, per_call, host = run(cover, calls, pace=mm_probe)
+    loaded, after, per_call, host = rank_max(loaded, after, per_call, host)
+    return calls, per_call, host, (2 * loaded / (before + after) - 1) * 100
+
+
 def verify(case: Op, fn: Callable[[], None], sync: Callable[[], None], what: str) -> None:
     """Run fn once on known inputs; abort every rank if any rank got a wrong result."""
     case.fill()
@@ -101,6 +176,8 @@ class Row:
     host_us: float
     factor: float | None  # nccl-tests bus factor; None: no bandwidth (barrier)
     samples_us: list[float]  # time of each repeat, in measurement order; time_us is the least
+    # Mode overlap: how much slower a concurrent matmul ran (measure_overlap).
+    matmul_slowdown_pct: float | None = None
 
     @property
     def algbw(self) -> float | None:

@@ -9,10 +9,12 @@ namespace nccl_core {
 
 namespace {
 
-// The flags of `memory`'s live window covering [ptr, ptr + bytes), or -1.
+// The flags of the live windows covering [ptr, ptr + bytes), or'd (NCCL
+// takes its symmetric kernels if any of them is symmetric); -1 for none.
 template <typename Windows>
 int coveringWindowFlags(const Windows& windows, const void* ptr, size_t bytes) {
   const auto address = reinterpret_cast<uintptr_t>(ptr);
+  int flags = -1;
   for (const auto& weak : windows) {
     const auto window = weak.lock();
     if (!window || !window->isValid()) {
@@ -20,10 +22,10 @@ int coveringWindowFlags(const Windows& windows, const void* ptr, size_t bytes) {
     }
     const auto base = reinterpret_cast<uintptr_t>(window->userPtr());
     if (address >= base && address + bytes <= base + window->size()) {
-      return window->flags();
+      flags = (flags < 0 ? 0 : flags) | window->flags();
     }
   }
-  return -1;
+  return flags;
 }
 
 bool valid(const std::shared_ptr<RegisteredBuffer>& buffer) {
@@ -122,8 +124,8 @@ Route CommRoutes::route(const RouteQuery& query) {
   const bool toTwin = mayMove && twin && inSymmetricWindow &&
                       !(symmetricKernelsSetting() == SymmetricKernels::Auto &&
                         symmetricKernelsWin(query.type, bytes));
-  // The twin lives as long as this object (which holds it), so a reference
-  // will do.
+  // The twin, once made, is never replaced and lives as long as this object:
+  // a reference will do.
   Route route{toTwin ? *twin : *comm_};
   if (registers) {
     for (const Touched& t : touched) {
@@ -146,17 +148,21 @@ Route CommRoutes::route(const RouteQuery& query) {
 void CommRoutes::registerMemory(Route& route) {
   const bool onTwin = &route.comm != comm_.get();
   for (const Allocation& allocation : route.toRegister) {
+    // The whole allocation, so every tensor carved from it (a MemPool
+    // segment) shares one registration. Without the lock: other ops' routes
+    // go on meanwhile.
+    auto buffer = route.comm.registerBuffer(
+        reinterpret_cast<void*>(allocation.base), allocation.size);
     std::unique_lock<std::shared_mutex> lock(mutex_);
     Memory& memory = memory_[allocation.id];
     std::shared_ptr<RegisteredBuffer>& slot =
         onTwin ? memory.onTwin : memory.onComm;
     if (valid(slot)) {
-      continue; // another thread's op registered it meanwhile
+      lock.unlock();
+      buffer->close(); // another thread's op registered it meanwhile
+    } else {
+      slot = std::move(buffer);
     }
-    // The whole allocation, so every tensor carved from it (a MemPool
-    // segment) shares one registration. Local, so under the lock.
-    slot = route.comm.registerBuffer(
-        reinterpret_cast<void*>(allocation.base), allocation.size);
   }
   route.toRegister.clear();
 }
@@ -167,9 +173,12 @@ std::shared_ptr<Communicator> CommRoutes::twin() const {
 }
 
 void CommRoutes::setTimeout(std::chrono::milliseconds timeout) {
+  // Under the lock the twin is published with: a twin made meanwhile takes
+  // the new timeout either way.
+  std::unique_lock<std::shared_mutex> lock(mutex_);
   comm_->setTimeout(timeout);
-  if (const auto twin = this->twin()) {
-    twin->setTimeout(timeout);
+  if (twin_) {
+    twin_->setTimeout(timeout);
   }
 }
 
@@ -183,11 +192,16 @@ void CommRoutes::beforeWindow(Communicator& comm, int flags) {
   config.splitShare = 1; // shares the parent's buffers and channels
   auto twin =
       comm.split(0, comm.rank(), config, comm.label() + " (window-free twin)");
-  twin->setTimeout(comm.timeout()); // a setTimeout since the split
   std::unique_lock<std::shared_mutex> lock(mutex_);
-  if (comm.isAborted()) {
-    twin->abort(); // aborted meanwhile: the twin goes with it
+  if (twin_ || comm.isAborted()) {
+    // Another registration made one first (ops may already run on it), or
+    // the group was aborted meanwhile: this one goes.
+    twin->abort();
+    if (twin_) {
+      return;
+    }
   }
+  twin->setTimeout(comm.timeout()); // a setTimeout since the split
   twin_ = std::move(twin);
   hasTwin_.store(true, std::memory_order_release);
 }

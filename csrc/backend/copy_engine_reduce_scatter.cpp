@@ -64,6 +64,15 @@ CopyEngineReduceScatter::CopyEngineReduceScatter(
     EventPool& events)
     : comm_(comm), order_(events.acquire()) {}
 
+CopyEngineReduceScatter::~CopyEngineReduceScatter() {
+  if (staging_ && !comm_.isAborted()) {
+    // The peers map the staging through the communicator's window: it is
+    // unmapped before the memory is freed. The group's teardown does this
+    // first; this is the guard should an owner not.
+    comm_.abort();
+  }
+}
+
 bool CopyEngineReduceScatter::suits(
     const ReduceScatterCall& call,
     bool always,
@@ -75,6 +84,7 @@ bool CopyEngineReduceScatter::suits(
     return false;
   }
   if (!allPeersLoadStore_) {
+    const Communicator::Use use = comm_.use(); // NCCL reads the communicator
     allPeersLoadStore_ =
         windowAddressesReadable() && lsaTeam(comm_).size == comm_.size();
   }
@@ -91,6 +101,10 @@ const Staging& CopyEngineReduceScatter::staging(size_t bytes) {
   // Collective, so made without the lock (drain must stay possible).
   auto made = std::make_unique<Staging>(comm_, bytes);
   std::lock_guard<std::mutex> lock(stagingMutex_);
+  // Aborted meanwhile, after a drain that found no staging: nothing may
+  // copy into the peers' memory now. (The abort sets its flag before it
+  // drains, and a drain takes this lock.)
+  comm_.get();
   staging_ = std::move(made);
   return *staging_;
 }

@@ -35,6 +35,8 @@ class CopyEngineReduceScatter {
   CopyEngineReduceScatter(Communicator& comm, EventPool& events);
   CopyEngineReduceScatter(const CopyEngineReduceScatter&) = delete;
   CopyEngineReduceScatter& operator=(const CopyEngineReduceScatter&) = delete;
+  // Aborts the communicator first if it still maps the staging.
+  ~CopyEngineReduceScatter();
 
   // Whether `call` takes this path: every peer load/store reachable, an op
   // and dtype ATen reduces as NCCL does, not `capturing` in a CUDA graph, and

@@ -15,7 +15,8 @@ namespace nccl_core {
 // the next copy), `gate` waits until a peer freed a slot, `signals` says a
 // chunk arrived, `reductions` consumes this rank's staging. drain() lets them
 // finish when the communicator is aborted, before NCCL unmaps the peers'
-// memory they write to; the owner destroys it after that abort.
+// memory they write to; the owner (CopyEngineReduceScatter) destroys it after
+// that abort.
 class Staging {
  public:
   // Collective over `comm`, like PeerBuffer.

@@ -267,6 +267,7 @@ void Communicator::abort() noexcept {
   // ncclCommAbort rather than ncclCommDestroy: it frees the same resources
   // (registrations and windows included) but never waits for peers or for
   // operations that may never complete.
+  const std::lock_guard<std::mutex> aborting(abortMutex_);
   std::shared_ptr<CommunicatorListener> listener; // outlives the lock below
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -136,8 +136,9 @@ class Communicator final : public AllocationObserver,
   void check(ncclResult_t result, const char* call);
 
   // Frees the communicator and every resource registered with it, and makes
-  // any operation still running on it return. Idempotent, never throws,
-  // never waits for peers. While CUDA graphs that captured its work are
+  // any operation still running on it return. Idempotent (a concurrent call
+  // returns once the first one is through), never throws, never waits for
+  // peers. While CUDA graphs that captured its work are
   // alive, NCCL frees it on a thread of its own once they are destroyed.
   void abort() noexcept;
 
@@ -257,7 +258,10 @@ class Communicator final : public AllocationObserver,
   std::atomic<bool> released_{false};
   CapturedGraphs capturedGraphs_;
 
-  // Guards abort and the resource tables; never held across a collective.
+  // Held through abort(), listener included.
+  std::mutex abortMutex_;
+  // Guards the aborted state and the resource tables; never held across a
+  // collective.
   std::mutex mutex_;
   // Serialises ncclCommGetAsyncError between the watchdog and settle(): on
   // a nonblocking communicator it may complete NCCL's pending job.

@@ -1,5 +1,6 @@
 // torch_nccl_core._C._testing.CommRoutes: the backend's routing over a
 // communicator of the fake NCCL, with CPU tensors standing for NCCL memory.
+#include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -35,10 +36,11 @@ std::string route(
     const std::string& op,
     const std::vector<at::Tensor>& outputs,
     const std::vector<at::Tensor>& inputs,
+    bool routable,
     bool coalescing) {
   Route route = routes.route(
       RouteQuery{
-          opType(op), outputs, inputs, true, nullptr, false, coalescing});
+          opType(op), outputs, inputs, routable, nullptr, false, coalescing});
   const bool onTwin = &route.comm == routes.twin().get();
   routes.registerMemory(route);
   return onTwin ? "twin" : "group";
@@ -65,6 +67,7 @@ void bindRoutes(py::module_& testing) {
           py::arg("op"),
           py::arg("outputs"),
           py::arg("inputs"),
+          py::arg("routable") = true,
           py::arg("coalescing") = false,
           py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("twin", &CommRoutes::twin)

@@ -84,3 +84,30 @@ def test_variant_ratio_pairs_the_repeats():
     assert paired_ratio(plain, registered) == 1.05
     # Best time against best time would call this equal: 10.0 / 10.0.
     assert paired_ratio(row([10.0, 30.0, 30.0]), row([11.0, 10.0, 10.0])) < 0.5
+
+
+def test_overlap_rows_carry_the_matmul_slowdown(tmp_path):
+    """Mode overlap's slowdown reaches the CSV and both reports; other modes leave it empty."""
+    from benchmarks import interleaved, report
+
+    rows = [
+        Row("plain", "all_gather_into_tensor", 1 << 28, "b", 5, 900.0, 20.0, 0.5, [900.0]),
+        Row("plain/overlap", "all_gather_into_tensor", 1 << 28, "b", 5, 950.0, 20.0, 0.5, [950.0],
+            12.5),
+    ]  # fmt: skip
+    report.write_csv(str(tmp_path / "collectives.csv"), rows)
+    written = list(csv.DictReader((tmp_path / "collectives.csv").open()))
+    assert [r["matmul_slowdown_pct"] for r in written] == ["", "12.500"]
+    assert "| 12.50 |" in report.markdown(rows, ["b"], [])
+
+    # interleaved: per label, the median and range over the repeats
+    (tmp_path / "runs" / "r0-b").mkdir(parents=True)
+    (tmp_path / "runs" / "r0-b" / "collectives.md").write_text("- date: now\n")
+    args, _ = interleaved.parse_args(["--run", "b=nccl_core", "--out", str(tmp_path)])
+    repeats = [
+        {**row, "label": "b", "repeat": repeat, "matmul_slowdown_pct": value}
+        for repeat, value in enumerate(["10.0", "14.0", "12.0"])
+        for row in written[1:]
+    ]
+    text = interleaved.markdown(args, repeats, [])
+    assert "b matmul slowdown %" in text and "12.00 [10.00, 14.00]" in text

@@ -8,10 +8,12 @@ recorded as NCCL memory.
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import torch_nccl_core
 from torch_nccl_core import _C
@@ -134,6 +136,40 @@ def test_one_symmetric_tensor_moves_the_op(group, memory):
     assert routes.route("all_gather", [plain], [plain]) == "group"
 
 
+def test_any_symmetric_window_over_the_memory_counts(group, memory):
+    """A tensor under a default window and a symmetric one: NCCL takes its symmetric kernels."""
+    comm, routes = group
+    x = memory(4096)
+    testing.register_window(comm, x, DEFAULT)
+    testing.register_window(comm, x, SYMMETRIC)
+    assert routes.route("all_reduce", [x], [x]) == "twin"
+
+
+def test_ops_bound_to_the_group_stay_there(group, memory):
+    """A custom reduce op belongs to the group's communicator: not routable."""
+    comm, routes = group
+    x = memory(4096)
+    testing.register_window(comm, x, SYMMETRIC)
+    assert routes.route("all_reduce", [x], [x], routable=False) == "group"
+
+
+@pytest.mark.parametrize("when", ["before_the_twin", "after_the_twin"])
+def test_a_new_timeout_reaches_the_twin(fake, group, memory, when):
+    """set_timeout bounds the twin's nonblocking calls too, whenever the twin was made."""
+    comm, routes = group
+    if when == "after_the_twin":
+        testing.register_window(comm, memory(4096), SYMMETRIC)
+    routes.set_timeout(timedelta(milliseconds=300))
+    if when == "before_the_twin":
+        testing.register_window(comm, memory(4096), SYMMETRIC)
+    fake.hold("ncclCommSplit")
+    start = time.monotonic()
+    with pytest.raises(dist.DistBackendError, match=r"twin.*did not complete within 300 ms"):
+        testing.split(routes.twin, 0, 0)
+    assert time.monotonic() - start < 2.0
+    fake.release("ncclCommSplit")
+
+
 def test_a_closed_window_stops_moving_ops(fake, group, memory):
     comm, routes = group
     x = memory(4096)
@@ -156,6 +192,13 @@ def test_freeing_memory_releases_its_registrations(fake, group, memory):
     testing.record_allocation(x)
     routes.route("all_reduce", [x], [x])
     assert fake.calls("ncclCommRegister") == 2 and comm._resource_count() == 2
+    # So are the twin's registrations.
+    y = memory(4096)
+    testing.register_window(comm, y, SYMMETRIC)
+    assert routes.route("all_reduce", [y], [y]) == "twin"
+    assert routes.twin._resource_count() == 1
+    testing.forget_allocation(y)
+    assert routes.twin._resource_count() == 0
 
 
 def test_coalesced_ops_stay_on_the_group(group, memory):
