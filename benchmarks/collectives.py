@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import statistics
 
 import torch.distributed as dist
 
@@ -216,6 +217,7 @@ def measure_size(
     """
     best: dict[tuple[str, str], Row] = {}
     samples: dict[tuple[str, str], list[float]] = {}
+    slowdowns: dict[tuple[str, str], list[float]] = {}
     for repeat in range(args.repeats):
         for variant, case in cases.items():
             for label, group in groups.items():
@@ -236,10 +238,14 @@ def measure_size(
                               host * 1e6, factor, [], slowdown)  # fmt: skip
                     key = (setting, label)
                     samples.setdefault(key, []).append(row.time_us)
+                    if slowdown is not None:
+                        slowdowns.setdefault(key, []).append(slowdown)
                     if key not in best or row.time_us < best[key].time_us:
                         best[key] = row
     for key, row in best.items():
         row.samples_us = samples[key]
+        if key in slowdowns:  # not the best repeat's: that would favour a fast op
+            row.matmul_slowdown_pct = statistics.median(slowdowns[key])
     return list(best.values())
 
 

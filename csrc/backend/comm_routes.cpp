@@ -60,6 +60,16 @@ CommRoutes::CommRoutes(
               ? nullptr
               : std::make_unique<CopyEngineReduceScatter>(*comm_, *events_)) {}
 
+CommRoutes::~CommRoutes() {
+  if (copyEngine_ && copyEngine_->hasStaging() && !comm_->isAborted()) {
+    // The peers map the staging through the communicator's window: it is
+    // drained and unmapped before it is freed. The group's teardown aborts
+    // first; this guards an owner that did not. Told directly: this object
+    // can no longer be reached as the communicator's listener.
+    comm_->abort(*this);
+  }
+}
+
 CopyEngineReduceScatter* CommRoutes::copyEngineFor(const RouteQuery& query) {
   if (query.copyEngine == nullptr || query.coalescing || !copyEngine_) {
     return nullptr;
@@ -183,8 +193,11 @@ void CommRoutes::setTimeout(std::chrono::milliseconds timeout) {
 }
 
 void CommRoutes::beforeWindow(Communicator& comm, int flags) {
-  if ((flags & NCCL_WIN_COLL_SYMMETRIC) == 0 ||
-      hasTwin_.load(std::memory_order_acquire)) {
+  if ((flags & NCCL_WIN_COLL_SYMMETRIC) == 0) {
+    return;
+  }
+  const std::lock_guard<std::mutex> splitting(twinMutex_);
+  if (hasTwin_.load(std::memory_order_acquire)) {
     return;
   }
   // Collective like the window's registration, so every rank makes it here.
@@ -193,13 +206,8 @@ void CommRoutes::beforeWindow(Communicator& comm, int flags) {
   auto twin =
       comm.split(0, comm.rank(), config, comm.label() + " (window-free twin)");
   std::unique_lock<std::shared_mutex> lock(mutex_);
-  if (twin_ || comm.isAborted()) {
-    // Another registration made one first (ops may already run on it), or
-    // the group was aborted meanwhile: this one goes.
-    twin->abort();
-    if (twin_) {
-      return;
-    }
+  if (comm.isAborted()) {
+    twin->abort(); // aborted meanwhile: the twin goes with it
   }
   twin->setTimeout(comm.timeout()); // a setTimeout since the split
   twin_ = std::move(twin);

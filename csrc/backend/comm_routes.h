@@ -64,6 +64,8 @@ class CommRoutes final : public CommunicatorListener,
       std::optional<bool> copyEngine);
   CommRoutes(const CommRoutes&) = delete;
   CommRoutes& operator=(const CommRoutes&) = delete;
+  // Aborts the communicator first if it still maps the copy engine's staging.
+  ~CommRoutes() override;
 
   Route route(const RouteQuery& query);
   // Registers what `route` found unregistered (local, may take a while).
@@ -111,6 +113,9 @@ class CommRoutes final : public CommunicatorListener,
   // Read by every op that touches NCCL memory, written on registration,
   // window and free.
   mutable std::shared_mutex mutex_;
+  // Held across the twin's split: a second window registration waits and
+  // finds the twin made, on every rank alike.
+  std::mutex twinMutex_;
   std::unordered_map<uint64_t, Memory> memory_;
   std::shared_ptr<Communicator> twin_;
   std::atomic<bool> hasTwin_{false}; // twin_ set: a lock-free look per op

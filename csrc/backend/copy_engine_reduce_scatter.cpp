@@ -64,13 +64,9 @@ CopyEngineReduceScatter::CopyEngineReduceScatter(
     EventPool& events)
     : comm_(comm), order_(events.acquire()) {}
 
-CopyEngineReduceScatter::~CopyEngineReduceScatter() {
-  if (staging_ && !comm_.isAborted()) {
-    // The peers map the staging through the communicator's window: it is
-    // unmapped before the memory is freed. The group's teardown does this
-    // first; this is the guard should an owner not.
-    comm_.abort();
-  }
+bool CopyEngineReduceScatter::hasStaging() const {
+  std::lock_guard<std::mutex> lock(stagingMutex_);
+  return staging_ != nullptr;
 }
 
 bool CopyEngineReduceScatter::suits(

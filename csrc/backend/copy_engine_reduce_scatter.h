@@ -35,8 +35,6 @@ class CopyEngineReduceScatter {
   CopyEngineReduceScatter(Communicator& comm, EventPool& events);
   CopyEngineReduceScatter(const CopyEngineReduceScatter&) = delete;
   CopyEngineReduceScatter& operator=(const CopyEngineReduceScatter&) = delete;
-  // Aborts the communicator first if it still maps the staging.
-  ~CopyEngineReduceScatter();
 
   // Whether `call` takes this path: every peer load/store reachable, an op
   // and dtype ATen reduces as NCCL does, not `capturing` in a CUDA graph, and
@@ -50,6 +48,9 @@ class CopyEngineReduceScatter {
 
   // Lets the staging streams finish: the communicator is being aborted.
   void drain() const noexcept;
+  // Whether the staging was made: the communicator must then be aborted
+  // before this is destroyed (the peers map it through its window).
+  bool hasStaging() const;
 
   // Measured (docs/bench/reduce_scatter_crossover.md): below this NCCL's
   // kernel wins.

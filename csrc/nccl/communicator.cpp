@@ -264,11 +264,21 @@ ncclResult_t Communicator::settle(const char* call) {
 }
 
 void Communicator::abort() noexcept {
+  abort(nullptr);
+}
+
+void Communicator::abort(CommunicatorListener& instead) noexcept {
+  abort(&instead);
+}
+
+void Communicator::abort(CommunicatorListener* instead) noexcept {
   // ncclCommAbort rather than ncclCommDestroy: it frees the same resources
   // (registrations and windows included) but never waits for peers or for
   // operations that may never complete.
+  // Released last, after the locks: it may hold the last reference to this
+  // communicator's owner.
+  std::shared_ptr<CommunicatorListener> listener;
   const std::lock_guard<std::mutex> aborting(abortMutex_);
-  std::shared_ptr<CommunicatorListener> listener; // outlives the lock below
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (aborted_.exchange(true)) {
@@ -279,10 +289,10 @@ void Communicator::abort() noexcept {
     }
     listener = listener_.lock();
   }
-  if (listener) {
+  if (CommunicatorListener* told = instead ? instead : listener.get()) {
     // Without the lock: what it ends (copies into peers' memory, which must
     // finish before NCCL unmaps it) may need this communicator.
-    listener->aborting();
+    told->aborting();
   }
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto& [_, resource] : resources_) {

@@ -141,6 +141,9 @@ class Communicator final : public AllocationObserver,
   // peers. While CUDA graphs that captured its work are
   // alive, NCCL frees it on a thread of its own once they are destroyed.
   void abort() noexcept;
+  // The same, telling `instead` rather than the listener: for a listener
+  // that is being destroyed, which can no longer be reached as one.
+  void abort(CommunicatorListener& instead) noexcept;
 
   // Work of this communicator was enqueued on `stream`, which is capturing.
   void noteCapture(cudaStream_t stream) {
@@ -214,6 +217,7 @@ class Communicator final : public AllocationObserver,
       std::string label,
       c10::function_ref<ncclResult_t(ncclComm_t, ncclComm_t*)> make);
   [[noreturn]] void raiseAborted() const;
+  void abort(CommunicatorListener* instead) noexcept;
   // ncclCommAbort, once: by abort() when no Use is held, else by the last
   // Use to end.
   void releaseHandle() noexcept;

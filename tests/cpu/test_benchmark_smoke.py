@@ -105,9 +105,12 @@ def test_overlap_rows_carry_the_matmul_slowdown(tmp_path):
     (tmp_path / "runs" / "r0-b" / "collectives.md").write_text("- date: now\n")
     args, _ = interleaved.parse_args(["--run", "b=nccl_core", "--out", str(tmp_path)])
     repeats = [
-        {**row, "label": "b", "repeat": repeat, "matmul_slowdown_pct": value}
+        {**row, "label": "b", "repeat": repeat}
+        | ({"matmul_slowdown_pct": value} if row["matmul_slowdown_pct"] else {})
         for repeat, value in enumerate(["10.0", "14.0", "12.0"])
-        for row in written[1:]
+        for row in written
     ]
     text = interleaved.markdown(args, repeats, [])
-    assert "b matmul slowdown %" in text and "12.00 [10.00, 14.00]" in text
+    assert "b matmul slowdown %" in text and "| 12.00 [10.00, 14.00] |" in text
+    eager = next(line for line in text.splitlines() if line.startswith("| all_gather"))
+    assert eager.endswith("|  |")  # the eager row has no slowdown: an empty cell
