@@ -63,8 +63,9 @@ import torch.distributed as dist
 
 from . import cli
 from .cases import OPS, VARIANTS, Env, Op, variant_envs
+from .overlap import measure_overlap
 from .report import human_bytes, progress_line, write_reports
-from .timing import Row, measure, measure_graph, measure_overlap, verify
+from .timing import Row, measure, measure_graph, verify
 
 # --noop-nccl goes up to this size: the fake scripts no windows, so no copy-engine reduce-scatter.
 NOOP_MAX_BYTES = 1 << 20
@@ -97,6 +98,17 @@ def add_measurement_arguments(p: argparse.ArgumentParser) -> None:
         help=f"memory variants, comma-separated from {','.join(VARIANTS)} (default plain)",
     )
     p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="measure every (variant, backend) this many times in turn and keep the best "
+        "(default 1)",
+    )
+
+
+def add_mode_arguments(p: argparse.ArgumentParser) -> None:
+    """--modes and the flags of the graph and overlap modes."""
+    p.add_argument(
         "--modes",
         type=cli.comma_list(["eager", "graph", "overlap"]),
         default=["eager"],
@@ -128,13 +140,6 @@ def add_measurement_arguments(p: argparse.ArgumentParser) -> None:
         default=20,
         help="timed replays of the graph (default 20)",
     )
-    p.add_argument(
-        "--repeats",
-        type=int,
-        default=1,
-        help="measure every (variant, backend) this many times in turn and keep the best "
-        "(default 1)",
-    )
 
 
 def parse_args() -> argparse.Namespace:
@@ -148,6 +153,7 @@ def parse_args() -> argparse.Namespace:
     )
     cli.add_size_arguments(p, max_bytes="1G")
     add_measurement_arguments(p)
+    add_mode_arguments(p)
     cli.add_init_backend_argument(p)
     p.add_argument(
         "--noop-nccl",

@@ -4,9 +4,7 @@ agreed over the ranks; and the result rows they produce.
 
 from __future__ import annotations
 
-import collections
 import functools
-import math
 import statistics
 import time
 from collections.abc import Callable
@@ -75,103 +73,6 @@ def measure_graph(
     per_replay, host = rank_max(per_replay, host)
     del graph
     return args.graph_calls, per_replay / args.graph_calls, host / args.graph_calls
-
-
-OVERLAP_COVER = 1.25  # the loop that is not timed outlasts the timed one by this factor
-OVERLAP_LEAD = 4  # matmuls kept queued on the side stream, however slow the calls' host
-OVERLAP_TRIES = 3  # doublings of the covering loop before coverage is given up
-
-
-def _stream_seconds(start: torch.cuda.Event, end: torch.cuda.Event) -> float:
-    return start.elapsed_time(end) / 1e3
-
-
-def measure_overlap(
-    fn: Callable[[], None], sync: Callable[[], None], args
-) -> tuple[int, float, float, float]:
-    """The SM cost of fn: a bf16 matmul loop (args.matmul_size squared) on a side stream beside
-    back-to-back calls of fn on the current one. Two runs, each timing one loop while the other
-    covers it throughout (checked on the GPU's clock, the covering loop doubled until it does):
-    the matmul loop under fn's calls against the matmul loop alone (the mean of one run before
-    and one after, after a run that settles the clocks), and fn's calls under matmuls. Returns
-    (calls, s/op of fn under matmuls, host s/op, matmul slowdown in percent); every rank runs the
-    same counts, times are max over ranks."""
-    n = args.matmul_size
-    a, b = (torch.randn(n, n, dtype=torch.bfloat16, device="cuda") for _ in range(2))
-    c = torch.empty_like(a)
-    side = torch.cuda.Stream()
-
-    def run(matmuls: int, calls: int) -> tuple[float, float, float, float]:
-        """Both loops from one start. The matmuls are kept OVERLAP_LEAD ahead of the side stream
-        (by its events, not the host's clock), so that host-bound calls never leave it idle, and
-        all go at once when the calls are done. Returns (matmul loop s, fn s/op, median host s
-        per call, s by which the matmul loop ended after the calls)."""
-        sync()
-        rank_max(0.0)  # start together
-        start, end, mm_start, mm_end = (torch.cuda.Event(enable_timing=True) for _ in range(4))
-        start.record()
-        side.wait_event(start)
-        mm_start.record(side)
-        queued: collections.deque = collections.deque()
-        host, done_mm, done_calls = [], 0, 0
-        while done_mm < matmuls or done_calls < calls:
-            while queued and queued[0].query():
-                queued.popleft()
-            if done_mm < matmuls and (done_calls >= calls or len(queued) < OVERLAP_LEAD):
-                with torch.cuda.stream(side):
-                    torch.mm(a, b, out=c)
-                queued.append(torch.cuda.Event())
-                queued[-1].record(side)
-                done_mm += 1
-            else:
-                t = time.perf_counter()
-                fn()
-                host.append(time.perf_counter() - t)
-                done_calls += 1
-        end.record()
-        mm_end.record(side)
-        sync()
-        per_call = _stream_seconds(start, end) / calls if calls else 0.0
-        median_host = statistics.median(host) if host else 0.0
-        return (
-            _stream_seconds(mm_start, mm_end),
-            per_call,
-            median_host,
-            _stream_seconds(end, mm_end),
-        )
-
-    def covered(matmuls: int, calls: int, timed: str) -> tuple[float, float, float, float]:
-        """run() until the loop that is not `timed` ("matmuls" or "calls") outlasts the other
-        on every rank, doubling it each time (every rank doubles together)."""
-        for _ in range(OVERLAP_TRIES):
-            result = run(matmuls, calls)
-            ok = result[3] <= 0 if timed == "matmuls" else result[3] >= 0
-            (short,) = rank_max(0.0 if ok else 1.0)
-            if not short:
-                return result
-            if timed == "matmuls":
-                calls *= 2
-            else:
-                matmuls *= 2
-        raise SystemExit(f"overlap: the loop covering the {timed} never outlasted them")
-
-    for _ in range(args.warmup):
-        run(1, 0)
-    mm_probe = run(PROBE_ITERS, 0)[0]
-    (mm_probe,) = rank_max(mm_probe / PROBE_ITERS)
-    # A full timed loop, not a few synchronized calls: the covering loop's count comes from it.
-    _, call_probe, _ = measure(fn, sync, args)
-    call_probe = max(call_probe, 1e-9)
-    matmuls = max(MIN_ITERS, round(args.overlap_ms / 1e3 / mm_probe))
-    calls = max(MIN_ITERS, round(args.overlap_ms / 1e3 / call_probe))
-    run(matmuls, 0)  # the clocks settle under a full loop first
-    (before,) = rank_max(run(matmuls, 0)[0])  # the counts below must agree over the ranks
-    loaded = covered(matmuls, math.ceil(OVERLAP_COVER * before / call_probe), "matmuls")[0]
-    after = run(matmuls, 0)[0]  # alone again: drift between the runs averages out
-    cover = math.ceil(OVERLAP_COVER * calls * call_probe / mm_probe)
-    _, per_call, host, _ = covered(cover, calls, "calls")
-    loaded, after, per_call, host = rank_max(loaded, after, per_call, host)
-    return calls, per_call, host, (2 * loaded / (before + after) - 1) * 100
 
 
 def verify(case: Op, fn: Callable[[], None], sync: Callable[[], None], what: str) -> None:
