@@ -17,7 +17,7 @@ from .timing import MIN_ITERS, PROBE_ITERS, measure, rank_max
 
 COVER = 1.25  # the loop that is not timed outlasts the timed one by this factor
 LEAD = 4  # matmuls kept queued on the side stream, however slow the calls' host
-TRIES = 3  # doublings of the covering loop before coverage is given up
+TRIES = 3  # runs, the covering loop doubled after each, before coverage is given up
 
 
 def _seconds(start: torch.cuda.Event, end: torch.cuda.Event) -> float:

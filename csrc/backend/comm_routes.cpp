@@ -61,12 +61,15 @@ CommRoutes::CommRoutes(
               : std::make_unique<CopyEngineReduceScatter>(*comm_, *events_)) {}
 
 CommRoutes::~CommRoutes() {
-  if (copyEngine_ && copyEngine_->hasStaging() && !comm_->isAborted()) {
+  if (copyEngine_ && copyEngine_->hasStaging()) {
     // The peers map the staging through the communicator's window: it is
     // drained and unmapped before it is freed. The group's teardown aborts
-    // first; this guards an owner that did not. Told directly: this object
-    // can no longer be reached as the communicator's listener.
+    // first (with the watchdog stopped); this guards an owner that did not.
+    // Told directly: this object can no longer be reached as the listener.
+    // An abort already under way is waited for, and the drain repeated, as
+    // that one could not tell this object.
     comm_->abort(*this);
+    copyEngine_->drain();
   }
 }
 

@@ -251,6 +251,9 @@ ncclResult_t Communicator::settle(const char* call) {
   if (const auto settled = pollUntilSettled()) {
     return *settled;
   }
+  // Alive through the message below, should the abort drop the last other
+  // reference (through its listener).
+  const std::shared_ptr<Communicator> self = weak_from_this().lock();
   abort();
   C10_THROW_ERROR(
       DistBackendError,
@@ -289,10 +292,13 @@ void Communicator::abort(CommunicatorListener* instead) noexcept {
     }
     listener = listener_.lock();
   }
-  if (CommunicatorListener* told = instead ? instead : listener.get()) {
-    // Without the lock: what it ends (copies into peers' memory, which must
-    // finish before NCCL unmaps it) may need this communicator.
-    told->aborting();
+  // Without the lock: what they end (copies into peers' memory, which must
+  // finish before NCCL unmaps it) may need this communicator.
+  if (instead) {
+    instead->aborting();
+  }
+  if (listener && listener.get() != instead) {
+    listener->aborting();
   }
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto& [_, resource] : resources_) {

@@ -141,8 +141,8 @@ class Communicator final : public AllocationObserver,
   // peers. While CUDA graphs that captured its work are
   // alive, NCCL frees it on a thread of its own once they are destroyed.
   void abort() noexcept;
-  // The same, telling `instead` rather than the listener: for a listener
-  // that is being destroyed, which can no longer be reached as one.
+  // The same, telling `instead` too: a listener that is being destroyed can
+  // no longer be reached as one.
   void abort(CommunicatorListener& instead) noexcept;
 
   // Work of this communicator was enqueued on `stream`, which is capturing.
