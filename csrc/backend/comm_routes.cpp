@@ -99,7 +99,7 @@ Route CommRoutes::route(const RouteQuery& query) {
   // memory), then this table, read-locked, for its windows and
   // registrations. Windows need NCCL memory, so plain tensors stop early.
   size_t bytes = 0;
-  c10::SmallVector<std::pair<const at::Tensor*, Allocation>, 4> found;
+  Found found;
   for (const auto* tensors : {&query.outputs, &query.inputs}) {
     for (const at::Tensor& tensor : *tensors) {
       bytes = std::max(bytes, static_cast<size_t>(tensor.nbytes()));
@@ -113,35 +113,15 @@ Route CommRoutes::route(const RouteQuery& query) {
   if (found.empty()) {
     return Route{*comm_};
   }
-  c10::SmallVector<Touched, 4> touched;
-  bool inSymmetricWindow = false;
-  std::shared_ptr<Communicator> twin;
-  {
-    std::shared_lock<std::shared_mutex> lock(mutex_);
-    twin = twin_;
-    for (const auto& [tensor, allocation] : found) {
-      Touched t{allocation};
-      const auto memory = memory_.find(allocation.id);
-      if (memory != memory_.end()) {
-        t.windowFlags = coveringWindowFlags(
-            memory->second.windows, tensor->data_ptr(), tensor->nbytes());
-        t.onComm = valid(memory->second.onComm);
-        t.onTwin = valid(memory->second.onTwin);
-      }
-      inSymmetricWindow =
-          inSymmetricWindow ||
-          (t.windowFlags >= 0 && (t.windowFlags & NCCL_WIN_COLL_SYMMETRIC));
-      touched.push_back(t);
-    }
-  }
-  const bool toTwin = mayMove && twin && inSymmetricWindow &&
+  const Lookup known = lookUp(found);
+  const bool toTwin = mayMove && known.twin && known.inSymmetricWindow &&
                       !(symmetricKernelsSetting() == SymmetricKernels::Auto &&
                         symmetricKernelsWin(query.type, bytes));
   // The twin, once made, is never replaced and lives as long as this object:
   // a reference will do.
-  Route route{toTwin ? *twin : *comm_};
+  Route route{toTwin ? *known.twin : *comm_};
   if (registers) {
-    for (const Touched& t : touched) {
+    for (const Touched& t : known.touched) {
       // NCCL finds memory in one of the communicator's windows by itself;
       // the twin has none.
       const bool registered =
@@ -156,6 +136,27 @@ Route CommRoutes::route(const RouteQuery& query) {
     }
   }
   return route;
+}
+
+CommRoutes::Lookup CommRoutes::lookUp(const Found& found) const {
+  Lookup known;
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  known.twin = twin_;
+  for (const auto& [tensor, allocation] : found) {
+    Touched t{allocation};
+    const auto memory = memory_.find(allocation.id);
+    if (memory != memory_.end()) {
+      t.windowFlags = coveringWindowFlags(
+          memory->second.windows, tensor->data_ptr(), tensor->nbytes());
+      t.onComm = valid(memory->second.onComm);
+      t.onTwin = valid(memory->second.onTwin);
+    }
+    known.inSymmetricWindow =
+        known.inSymmetricWindow ||
+        (t.windowFlags >= 0 && (t.windowFlags & NCCL_WIN_COLL_SYMMETRIC));
+    known.touched.push_back(t);
+  }
+  return known;
 }
 
 void CommRoutes::registerMemory(Route& route) {

@@ -102,6 +102,15 @@ class CommRoutes final : public CommunicatorListener,
     bool onComm = false;  // registered there already
     bool onTwin = false;
   };
+  // The op's NCCL tensors, each with its allocation.
+  using Found = c10::SmallVector<std::pair<const at::Tensor*, Allocation>, 4>;
+  // What this table knows of them, read under one shared lock.
+  struct Lookup {
+    c10::SmallVector<Touched, 4> touched;
+    bool inSymmetricWindow = false; // any of them
+    std::shared_ptr<Communicator> twin;
+  };
+  Lookup lookUp(const Found& found) const;
   // The copy engine when it suits `query`.
   CopyEngineReduceScatter* copyEngineFor(const RouteQuery& query);
 

@@ -114,6 +114,8 @@ void CopyEngineReduceScatter::drain() const noexcept {
   }
 }
 
+// Long, but one pipeline: its steps (gate, copies, signals, reductions) share
+// each chunk's slot and the four staging streams.
 void CopyEngineReduceScatter::enqueue(
     const ReduceScatterCall& call,
     cudaStream_t stream) {

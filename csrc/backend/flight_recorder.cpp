@@ -190,6 +190,40 @@ bool FlightRecorder::completedLocked(const Entry& entry) const {
          (entry.sync && entry.seq < groups_.at(entry.group).syncFinishedBefore);
 }
 
+c10::Dict<c10::IValue, c10::IValue>
+FlightRecorder::entryDict(const Entry& e, bool completed) const {
+  const Group& group = groups_[e.group];
+  auto dict = newDict();
+  dict.insert(c10d::record_id_key_str, static_cast<int64_t>(e.id));
+  dict.insert(c10d::pg_id_key_str, static_cast<int64_t>(e.group));
+  dict.insert(
+      c10d::pg_name_key_str,
+      c10::ivalue::Tuple::create(group.name, group.desc));
+  dict.insert(
+      c10d::collective_seq_id_key_str, static_cast<int64_t>(e.collectiveSeq));
+  dict.insert(c10d::p2p_seq_id_key_str, static_cast<int64_t>(e.p2pSeq));
+  dict.insert(c10d::op_id_key_str, static_cast<int64_t>(e.opId));
+  dict.insert(c10d::profiling_name_key_str, e.profilingName);
+  dict.insert(c10d::time_created_key_str, e.createdNs);
+  dict.insert(c10d::input_sizes_key_str, sizesList(e.inputSizes));
+  dict.insert(c10d::input_dtypes_key_str, stringList(e.inputDtypes));
+  dict.insert(c10d::output_sizes_key_str, sizesList(e.outputSizes));
+  dict.insert(c10d::output_dtypes_key_str, stringList(e.outputDtypes));
+  dict.insert(
+      c10d::state_key_str,
+      completed ? c10d::completed_state_str : c10d::scheduled_state_str);
+  dict.insert(c10d::time_discovered_started_key_str, c10::IValue());
+  dict.insert(
+      c10d::time_discovered_completed_key_str,
+      e.completedNs ? c10::IValue(*e.completedNs) : c10::IValue());
+  dict.insert(c10d::retired_key_str, completed);
+  dict.insert(c10d::timeout_key_str, e.timeoutMs);
+  dict.insert(c10d::is_p2p_key_str, e.p2p);
+  dict.insert(
+      c10d::frames_key_str, c10::List<c10::IValue>(c10::AnyType::get()));
+  return dict;
+}
+
 std::string FlightRecorder::dump(bool onlyActive) {
   auto entries = c10::List<c10::IValue>(c10::AnyType::get());
   auto config = newDict();
@@ -209,36 +243,7 @@ std::string FlightRecorder::dump(bool onlyActive) {
     if (onlyActive && completed) {
       continue;
     }
-    const Group& group = groups_[e.group];
-    auto dict = newDict();
-    dict.insert(c10d::record_id_key_str, static_cast<int64_t>(e.id));
-    dict.insert(c10d::pg_id_key_str, static_cast<int64_t>(e.group));
-    dict.insert(
-        c10d::pg_name_key_str,
-        c10::ivalue::Tuple::create(group.name, group.desc));
-    dict.insert(
-        c10d::collective_seq_id_key_str, static_cast<int64_t>(e.collectiveSeq));
-    dict.insert(c10d::p2p_seq_id_key_str, static_cast<int64_t>(e.p2pSeq));
-    dict.insert(c10d::op_id_key_str, static_cast<int64_t>(e.opId));
-    dict.insert(c10d::profiling_name_key_str, e.profilingName);
-    dict.insert(c10d::time_created_key_str, e.createdNs);
-    dict.insert(c10d::input_sizes_key_str, sizesList(e.inputSizes));
-    dict.insert(c10d::input_dtypes_key_str, stringList(e.inputDtypes));
-    dict.insert(c10d::output_sizes_key_str, sizesList(e.outputSizes));
-    dict.insert(c10d::output_dtypes_key_str, stringList(e.outputDtypes));
-    dict.insert(
-        c10d::state_key_str,
-        completed ? c10d::completed_state_str : c10d::scheduled_state_str);
-    dict.insert(c10d::time_discovered_started_key_str, c10::IValue());
-    dict.insert(
-        c10d::time_discovered_completed_key_str,
-        e.completedNs ? c10::IValue(*e.completedNs) : c10::IValue());
-    dict.insert(c10d::retired_key_str, completed);
-    dict.insert(c10d::timeout_key_str, e.timeoutMs);
-    dict.insert(c10d::is_p2p_key_str, e.p2p);
-    dict.insert(
-        c10d::frames_key_str, c10::List<c10::IValue>(c10::AnyType::get()));
-    entries.push_back(c10::IValue(dict));
+    entries.push_back(c10::IValue(entryDict(e, completed)));
   }
   // A group re-made under the same name describes it from then on.
   for (size_t id = 0; id < groups_.size(); ++id) {

@@ -12,7 +12,9 @@
 // recorder stays off (docs/compatibility.md).
 #pragma once
 
+#include <ATen/core/Dict.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 
 #include <chrono>
 #include <cstdint>
@@ -103,6 +105,9 @@ class FlightRecorder {
   };
 
   bool completedLocked(const Entry& entry) const;
+  // One entry as torch's dump writes it (its keys, c10d's FlightRecorder).
+  c10::Dict<c10::IValue, c10::IValue>
+  entryDict(const Entry& entry, bool completed) const;
 
   const size_t capacity_;
   std::mutex mutex_;

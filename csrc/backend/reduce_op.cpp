@@ -84,40 +84,13 @@ NcclReduceOp::NcclReduceOp(
       }
       op_ = ncclAvg;
       break;
-    case c10d::ReduceOp::PREMUL_SUM: {
+    case c10d::ReduceOp::PREMUL_SUM:
       if (!isFloating(type)) {
         refuse(" (PREMUL_SUM needs a floating-point or complex dtype)");
       }
       builtin_ = false;
-      if (const auto* custom =
-              dynamic_cast<CustomRedOpSupplement*>(op.supplement_.get())) {
-        useCustom(*custom->op, tensor, comm, opName);
-        break;
-      }
-      const auto* premul =
-          dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
-      NCCL_CORE_CHECK_ARG(
-          premul != nullptr, opName, "PREMUL_SUM without a factor");
-      const at::ScalarType real = c10::toRealValueType(type);
-      // The factor lives on the device in the reduced dtype: NCCL reads it when
-      // the kernel runs, which also makes the op safe to capture in a graph.
-      factor_ =
-          premul->tensor_factor.defined()
-              ? premul->tensor_factor.to(tensor.device(), real).reshape({1})
-              : at::full(
-                    {1}, premul->double_factor, tensor.options().dtype(real));
-      const Communicator::Use use = comm.use();
-      comm.check(
-          nccl().redOpCreatePreMulSum(
-              &op_,
-              factor_.data_ptr(),
-              bufferOf(factor_, opName).dtype,
-              ncclScalarDevice,
-              use.handle()),
-          "ncclRedOpCreatePreMulSum");
-      comm_ = &comm;
+      usePreMulSum(op, tensor, comm, opName);
       break;
-    }
     default:
       NCCL_CORE_CHECK_ARG(
           false,
@@ -127,6 +100,38 @@ NcclReduceOp::NcclReduceOp(
           " is not supported by NCCL; expected SUM, PRODUCT, MIN, MAX, AVG or "
           "PREMUL_SUM");
   }
+}
+
+void NcclReduceOp::usePreMulSum(
+    const c10d::ReduceOp& op,
+    const at::Tensor& tensor,
+    Communicator& comm,
+    const char* opName) {
+  if (const auto* custom =
+          dynamic_cast<CustomRedOpSupplement*>(op.supplement_.get())) {
+    useCustom(*custom->op, tensor, comm, opName);
+    return;
+  }
+  const auto* premul =
+      dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+  NCCL_CORE_CHECK_ARG(premul != nullptr, opName, "PREMUL_SUM without a factor");
+  const at::ScalarType real = c10::toRealValueType(tensor.scalar_type());
+  // The factor lives on the device in the reduced dtype: NCCL reads it when
+  // the kernel runs, which also makes the op safe to capture in a graph.
+  factor_ =
+      premul->tensor_factor.defined()
+          ? premul->tensor_factor.to(tensor.device(), real).reshape({1})
+          : at::full({1}, premul->double_factor, tensor.options().dtype(real));
+  const Communicator::Use use = comm.use();
+  comm.check(
+      nccl().redOpCreatePreMulSum(
+          &op_,
+          factor_.data_ptr(),
+          bufferOf(factor_, opName).dtype,
+          ncclScalarDevice,
+          use.handle()),
+      "ncclRedOpCreatePreMulSum");
+  comm_ = &comm;
 }
 
 void NcclReduceOp::useCustom(

@@ -52,6 +52,12 @@ class NcclReduceOp {
       const at::Tensor& tensor,
       const Communicator& comm,
       const char* opName);
+  // PREMUL_SUM: the op's own custom op, or one made for its factor.
+  void usePreMulSum(
+      const c10d::ReduceOp& op,
+      const at::Tensor& tensor,
+      Communicator& comm,
+      const char* opName);
 
   ncclRedOp_t op_;
   Communicator* comm_ = nullptr; // set when op_ is a custom op to destroy
