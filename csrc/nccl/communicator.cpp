@@ -202,7 +202,11 @@ Communicator::Use::~Use() {
   }
 }
 
-void Communicator::check(ncclResult_t result, const char* call) {
+void Communicator::check(
+    ncclResult_t result,
+    const char* call,
+    const char* file,
+    int line) {
   if (C10_LIKELY(result == ncclSuccess)) {
     return;
   }
@@ -213,11 +217,7 @@ void Communicator::check(ncclResult_t result, const char* call) {
     }
   }
   throwNcclError(
-      result,
-      c10::str(call, " on ", label_).c_str(),
-      __FILE__,
-      __LINE__,
-      comm_);
+      result, c10::str(call, " on ", label_).c_str(), file, line, comm_);
 }
 
 void Communicator::setTimeout(std::chrono::milliseconds timeout) {

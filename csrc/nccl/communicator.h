@@ -131,9 +131,15 @@ class Communicator final : public AllocationObserver,
   }
   void setTimeout(std::chrono::milliseconds timeout);
 
-  // Raises DistBackendError naming `call` unless `result` is a success. On a
-  // nonblocking communicator ncclInProgress is waited for first.
-  void check(ncclResult_t result, const char* call);
+  // Raises DistBackendError naming `call`, this communicator and the
+  // caller's file and line (filled in where it is called) unless `result` is
+  // a success. On a nonblocking communicator ncclInProgress is waited for
+  // first.
+  void check(
+      ncclResult_t result,
+      const char* call,
+      const char* file = __builtin_FILE(),
+      int line = __builtin_LINE());
 
   // Frees the communicator and every resource registered with it, and makes
   // any operation still running on it return. Idempotent (a concurrent call

@@ -238,6 +238,16 @@ void bindFakeNccl(py::module_& testing) {
       py::arg("comm"),
       release);
   testing.def(
+      "check",
+      [](Communicator& comm, int result, const std::string& call) {
+        comm.check(static_cast<ncclResult_t>(result), call.c_str());
+      },
+      py::arg("comm"),
+      py::arg("result"),
+      py::arg("call"),
+      release,
+      "Communicator::check, called from here (the caller it names).");
+  testing.def(
       "set_timeout",
       [](Communicator& comm, std::chrono::milliseconds timeout) {
         comm.setTimeout(timeout);

@@ -105,6 +105,19 @@ def test_abort_is_immediate_and_idempotent(fake):
     assert fake.calls("ncclCommSplit") == 0
 
 
+def test_a_failed_check_names_call_communicator_and_caller(fake):
+    """Communicator::check's DistBackendError says which call failed on which communicator, and
+    where it was called from (not where the check is defined)."""
+    comm = create()
+    with pytest.raises(dist.DistBackendError) as raised:
+        testing.check(comm, NCCL_SYSTEM_ERROR, "ncclAllReduce")
+    message = str(raised.value)
+    assert "ncclAllReduce on group 'g'" in message and "ncclSystemError" in message
+    assert "testing_bindings.cpp:" in message and "communicator.cpp" not in message
+    assert not comm.is_aborted  # a failed call is reported, not acted on
+    testing.abort(comm)
+
+
 def test_a_new_timeout_bounds_later_nonblocking_calls(fake):
     """set_timeout reaches the communicator: a split held inside NCCL ends at the new bound."""
     comm = create(timeout_s=30.0)
