@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 namespace nccl_core {
@@ -111,73 +112,40 @@ ncclResult_t abortComm(ncclComm_t comm) {
   return ncclSuccess;
 }
 
+// The fake communicator among an entry point's arguments, if this one is it.
+template <typename Arg>
+FakeNccl::Comm* commAmong(FakeNccl::Comm* found, Arg arg) {
+  if constexpr (std::is_same_v<Arg, ncclComm_t>) {
+    return fakeOf(arg);
+  } else {
+    return found;
+  }
+}
+
 // Collectives and point-to-point calls enqueue nothing: on a GPU machine the
 // backend's own host time per call can then be told from NCCL's
-// (benchmarks/collectives.py --noop-nccl).
-ncclResult_t allReduce(
-    const void*,
-    void*,
-    size_t,
-    ncclDataType_t,
-    ncclRedOp_t,
-    ncclComm_t comm,
-    cudaStream_t) {
-  return Call("ncclAllReduce", fakeOf(comm)).result;
+// (benchmarks/collectives.py --noop-nccl). One template serves every
+// signature: the call is counted on the communicator it names.
+template <const char* kCall, typename... Args>
+ncclResult_t enqueueNothing(Args... args) {
+  FakeNccl::Comm* comm = nullptr;
+  ((comm = commAmong(comm, args)), ...);
+  return Call(kCall, comm).result;
 }
 
-ncclResult_t broadcast(
-    const void*,
-    void*,
-    size_t,
-    ncclDataType_t,
-    int,
-    ncclComm_t comm,
-    cudaStream_t) {
-  return Call("ncclBroadcast", fakeOf(comm)).result;
+// Points `entry` at enqueueNothing for its own signature.
+template <const char* kCall, typename... Args>
+void scriptNothing(ncclResult_t (*&entry)(Args...)) {
+  entry = &enqueueNothing<kCall, Args...>;
 }
 
-ncclResult_t reduce(
-    const void*,
-    void*,
-    size_t,
-    ncclDataType_t,
-    ncclRedOp_t,
-    int,
-    ncclComm_t comm,
-    cudaStream_t) {
-  return Call("ncclReduce", fakeOf(comm)).result;
-}
-
-ncclResult_t allGather(
-    const void*,
-    void*,
-    size_t,
-    ncclDataType_t,
-    ncclComm_t comm,
-    cudaStream_t) {
-  return Call("ncclAllGather", fakeOf(comm)).result;
-}
-
-ncclResult_t reduceScatter(
-    const void*,
-    void*,
-    size_t,
-    ncclDataType_t,
-    ncclRedOp_t,
-    ncclComm_t comm,
-    cudaStream_t) {
-  return Call("ncclReduceScatter", fakeOf(comm)).result;
-}
-
-ncclResult_t
-send(const void*, size_t, ncclDataType_t, int, ncclComm_t comm, cudaStream_t) {
-  return Call("ncclSend", fakeOf(comm)).result;
-}
-
-ncclResult_t
-recv(void*, size_t, ncclDataType_t, int, ncclComm_t comm, cudaStream_t) {
-  return Call("ncclRecv", fakeOf(comm)).result;
-}
+constexpr char kAllReduce[] = "ncclAllReduce";
+constexpr char kBroadcast[] = "ncclBroadcast";
+constexpr char kReduce[] = "ncclReduce";
+constexpr char kAllGather[] = "ncclAllGather";
+constexpr char kReduceScatter[] = "ncclReduceScatter";
+constexpr char kSend[] = "ncclSend";
+constexpr char kRecv[] = "ncclRecv";
 
 // Registrations and windows get distinct handles that stand for nothing:
 // routing's tests count them.
@@ -250,13 +218,13 @@ FakeNccl::FakeNccl(bool realCuda) {
   table_.commAbort = &abortComm;
   table_.groupStart = &group;
   table_.groupEnd = &group;
-  table_.allReduce = &allReduce;
-  table_.broadcast = &broadcast;
-  table_.reduce = &reduce;
-  table_.allGather = &allGather;
-  table_.reduceScatter = &reduceScatter;
-  table_.send = &send;
-  table_.recv = &recv;
+  scriptNothing<kAllReduce>(table_.allReduce);
+  scriptNothing<kBroadcast>(table_.broadcast);
+  scriptNothing<kReduce>(table_.reduce);
+  scriptNothing<kAllGather>(table_.allGather);
+  scriptNothing<kReduceScatter>(table_.reduceScatter);
+  scriptNothing<kSend>(table_.send);
+  scriptNothing<kRecv>(table_.recv);
   table_.commRegister = &registerBuffer;
   table_.commDeregister = &deregisterBuffer;
   table_.commWindowRegister = &registerWindow;

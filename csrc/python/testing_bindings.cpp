@@ -11,6 +11,8 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
+#include <unordered_map>
 
 #include "backend/event_pool.h"
 #include "backend/failure.h"
@@ -20,6 +22,7 @@
 #include "backend/sync_ops.h"
 #include "backend/watchdog.h"
 #include "backend/work.h"
+#include "nccl/api.h"
 #include "nccl/communicator.h"
 #include "python/fake_nccl.h"
 
@@ -237,6 +240,48 @@ void bindFakeNccl(py::module_& testing) {
       [](Communicator& comm) { comm.abort(); },
       py::arg("comm"),
       release);
+  testing.def(
+      "enqueue",
+      [](Communicator& comm, const std::string& call) {
+        // Every collective and point-to-point entry the fake scripts, with
+        // no buffers: it enqueues nothing.
+        const NcclApi& api = nccl();
+        const ncclComm_t c = comm.get();
+        const auto f = ncclFloat;
+        const std::unordered_map<std::string, std::function<ncclResult_t()>>
+            calls{
+                {"ncclAllReduce",
+                 [&] {
+                   return api.allReduce(
+                       nullptr, nullptr, 0, f, ncclSum, c, nullptr);
+                 }},
+                {"ncclBroadcast",
+                 [&] {
+                   return api.broadcast(nullptr, nullptr, 0, f, 0, c, nullptr);
+                 }},
+                {"ncclReduce",
+                 [&] {
+                   return api.reduce(
+                       nullptr, nullptr, 0, f, ncclSum, 0, c, nullptr);
+                 }},
+                {"ncclAllGather",
+                 [&] {
+                   return api.allGather(nullptr, nullptr, 0, f, c, nullptr);
+                 }},
+                {"ncclReduceScatter",
+                 [&] {
+                   return api.reduceScatter(
+                       nullptr, nullptr, 0, f, ncclSum, c, nullptr);
+                 }},
+                {"ncclSend",
+                 [&] { return api.send(nullptr, 0, f, 1, c, nullptr); }},
+                {"ncclRecv",
+                 [&] { return api.recv(nullptr, 0, f, 1, c, nullptr); }}};
+        return static_cast<int>(calls.at(call)());
+      },
+      py::arg("comm"),
+      py::arg("call"),
+      "Calls NCCL entry point `call` on `comm` with no buffers; its result.");
   testing.def(
       "check",
       [](Communicator& comm, int result, const std::string& call) {

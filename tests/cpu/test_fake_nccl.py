@@ -105,6 +105,21 @@ def test_abort_is_immediate_and_idempotent(fake):
     assert fake.calls("ncclCommSplit") == 0
 
 
+@pytest.mark.parametrize(
+    "call",
+    ["ncclAllReduce", "ncclBroadcast", "ncclReduce", "ncclAllGather", "ncclReduceScatter",
+     "ncclSend", "ncclRecv"],
+)  # fmt: skip
+def test_collectives_enqueue_nothing_and_follow_the_script(fake, call):
+    """The fake's collectives and point-to-point calls (benchmarks' --noop-nccl) are counted and
+    return what the script says, whatever their signature."""
+    comm = create()
+    assert testing.enqueue(comm, call) == 0 and fake.calls(call) == 1
+    fake.fail_next(call, NCCL_SYSTEM_ERROR)
+    assert testing.enqueue(comm, call) == NCCL_SYSTEM_ERROR and fake.calls(call) == 2
+    testing.abort(comm)
+
+
 def test_a_failed_check_names_call_communicator_and_caller(fake):
     """Communicator::check's DistBackendError says which call failed on which communicator, and
     where it was called from (not where the check is defined)."""
