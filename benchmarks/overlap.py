@@ -1,6 +1,7 @@
 """The SM cost of an op (``benchmarks.collectives --modes overlap``): how much slower a bf16 matmul
 loop on a side stream runs beside back-to-back calls of the op, and the op's time per call while
-matmuls run. Each is timed while the other loop covers it throughout, checked on the GPU's clock.
+matmuls run. Each is timed while the other loop covers it throughout, by construction: the
+covering loop goes on until the GPU has finished the timed one.
 """
 
 from __future__ import annotations
@@ -15,75 +16,113 @@ import torch
 
 from .timing import MIN_ITERS, PROBE_ITERS, measure, rank_max
 
-COVER = 1.25  # the loop that is not timed outlasts the timed one by this factor
 LEAD = 4  # matmuls kept queued on the side stream, however slow the calls' host
-TRIES = 3  # runs, the covering loop doubled after each, before coverage is given up
+CHUNK = 4  # calls between two looks at the GPU's progress
+AHEAD = 4  # chunks of calls the host may be ahead of the GPU: it never blocks inside a call
 
 
 def _seconds(start: torch.cuda.Event, end: torch.cuda.Event) -> float:
     return start.elapsed_time(end) / 1e3
 
 
+def _timing_events(count: int) -> list[torch.cuda.Event]:
+    return [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+
+
 class MatmulBeside:
-    """A loop of `n` x `n` bf16 matmuls on a side stream beside calls of `fn` on the current one."""
+    """A loop of `n` x `n` bf16 matmuls on a side stream beside calls of `fn` on the current one.
+
+    Neither loop may leave the GPU idle while the other is timed: the host keeps LEAD matmuls
+    queued and stays at most AHEAD chunks of calls ahead (waiting on events, not inside a call),
+    topping the matmuls up while it waits.
+    """
 
     def __init__(self, fn: Callable[[], None], sync: Callable[[], None], n: int):
         self.fn, self.sync = fn, sync
         self.a, self.b = (torch.randn(n, n, dtype=torch.bfloat16, device="cuda") for _ in range(2))
         self.c = torch.empty_like(self.a)
         self.side = torch.cuda.Stream()
+        self.matmuls: collections.deque = collections.deque()  # pending matmuls' events
+        self.chunks: collections.deque = collections.deque()  # pending chunks' events
+        self.left = 0.0  # matmuls still to queue (math.inf: until told to stop)
+        self.last: torch.cuda.Event | None = None  # recorded after the last of them
 
-    def _matmul(self, queued: collections.deque) -> None:
+    def _settle(self) -> None:
+        self.sync()
+        self.matmuls.clear()
+        self.chunks.clear()
+
+    def _top_up(self) -> None:
+        while self.matmuls and self.matmuls[0].query():
+            self.matmuls.popleft()
+        while self.left > 0 and len(self.matmuls) < LEAD:
+            with torch.cuda.stream(self.side):
+                torch.mm(self.a, self.b, out=self.c)
+            self.matmuls.append(torch.cuda.Event())
+            self.matmuls[-1].record(self.side)
+            self.left -= 1
+            if self.left == 0 and self.last is not None:
+                self.last.record(self.side)
+
+    def _chunk(self, calls: int, host: list[float]) -> None:
+        while len(self.chunks) >= AHEAD:
+            if self.chunks[0].query():
+                self.chunks.popleft()
+            self._top_up()
+        for _ in range(calls):
+            self._top_up()
+            t = time.perf_counter()
+            self.fn()
+            host.append(time.perf_counter() - t)
+        self.chunks.append(torch.cuda.Event())
+        self.chunks[-1].record()
+
+    def alone(self, matmuls: int) -> float:
+        """Seconds of `matmuls` matmuls with nothing beside them."""
+        self._settle()
+        start, end = _timing_events(2)
+        start.record(self.side)
         with torch.cuda.stream(self.side):
-            torch.mm(self.a, self.b, out=self.c)
-        queued.append(torch.cuda.Event())
-        queued[-1].record(self.side)
+            for _ in range(matmuls):
+                torch.mm(self.a, self.b, out=self.c)
+        end.record(self.side)
+        self._settle()
+        return _seconds(start, end)
 
-    def run(self, matmuls: int, calls: int) -> tuple[float, float, float, float]:
-        """Both loops from one start. The matmuls are kept LEAD ahead of the side stream (by its
-        events, not the host's clock), so that host-bound calls never leave it idle, and all go
-        at once when the calls are done. Returns (matmul loop s, s per call, median host s per
-        call, s by which the matmul loop ended after the calls)."""
-        self.sync()
+    def under_calls(self, matmuls: int) -> float:
+        """Seconds of `matmuls` matmuls with calls beside them until every rank's matmuls are
+        done (the ranks agree after each chunk, so all make the same calls)."""
+        self._settle()
         rank_max(0.0)  # start together
-        start, end, mm_start, mm_end = (torch.cuda.Event(enable_timing=True) for _ in range(4))
-        start.record()
-        self.side.wait_event(start)
-        mm_start.record(self.side)
-        queued: collections.deque = collections.deque()
-        host, done_mm, done_calls = [], 0, 0
-        while done_mm < matmuls or done_calls < calls:
-            while queued and queued[0].query():
-                queued.popleft()
-            if done_mm < matmuls and (done_calls >= calls or len(queued) < LEAD):
-                self._matmul(queued)
-                done_mm += 1
-            else:
-                t = time.perf_counter()
-                self.fn()
-                host.append(time.perf_counter() - t)
-                done_calls += 1
-        end.record()
-        mm_end.record(self.side)
-        self.sync()
-        per_call = _seconds(start, end) / calls if calls else 0.0
-        median_host = statistics.median(host) if host else 0.0
-        return _seconds(mm_start, mm_end), per_call, median_host, _seconds(end, mm_end)
+        start, self.last = _timing_events(2)
+        start.record(self.side)
+        self.left = matmuls
+        busy = True
+        while busy:
+            self._chunk(CHUNK, [])
+            done = self.left == 0 and self.last.query()
+            (busy,) = rank_max(0.0 if done else 1.0)
+        self._settle()
+        return _seconds(start, self.last)
 
-    def covered(self, matmuls: int, calls: int, timed: str) -> tuple[float, float, float, float]:
-        """run() until the loop that is not `timed` ("matmuls" or "calls") outlasts the other on
-        every rank, doubling it each time (every rank doubles together)."""
-        for _ in range(TRIES):
-            result = self.run(matmuls, calls)
-            ok = result[3] <= 0 if timed == "matmuls" else result[3] >= 0
-            (short,) = rank_max(0.0 if ok else 1.0)
-            if not short:
-                return result
-            if timed == "matmuls":
-                calls *= 2
-            else:
-                matmuls *= 2
-        raise SystemExit(f"overlap: the loop covering the {timed} never outlasted them")
+    def calls_under(self, calls: int) -> tuple[float, float]:
+        """`calls` calls with matmuls beside them from before the first until the GPU has done
+        the last. Returns (s per call, median host s per call)."""
+        self._settle()
+        rank_max(0.0)  # start together
+        self.left, self.last = math.inf, None
+        self._top_up()
+        start, end = _timing_events(2)
+        start.record()
+        host: list[float] = []
+        for first in range(0, calls, CHUNK):
+            self._chunk(min(CHUNK, calls - first), host)
+        end.record()
+        while not end.query():
+            self._top_up()
+        self.left = 0
+        self._settle()
+        return _seconds(start, end) / calls, statistics.median(host)
 
 
 def measure_overlap(
@@ -95,17 +134,16 @@ def measure_overlap(
     are max over ranks."""
     loops = MatmulBeside(fn, sync, args.matmul_size)
     for _ in range(args.warmup):
-        loops.run(1, 0)
-    (mm_probe,) = rank_max(loops.run(PROBE_ITERS, 0)[0] / PROBE_ITERS)
-    # A full timed loop, not a few synchronized calls: the covering loop's count comes from it.
+        loops.alone(1)
+    (mm_probe,) = rank_max(loops.alone(PROBE_ITERS) / PROBE_ITERS)
+    # A full timed loop, not a few synchronized calls: the call count comes from it.
     call_probe = max(measure(fn, sync, args)[1], 1e-9)
     matmuls = max(MIN_ITERS, round(args.overlap_ms / 1e3 / mm_probe))
     calls = max(MIN_ITERS, round(args.overlap_ms / 1e3 / call_probe))
-    loops.run(matmuls, 0)  # the clocks settle under a full loop first
-    (before,) = rank_max(loops.run(matmuls, 0)[0])  # the counts below must agree over the ranks
-    loaded = loops.covered(matmuls, math.ceil(COVER * before / call_probe), "matmuls")[0]
-    after = loops.run(matmuls, 0)[0]  # alone again: drift between the runs averages out
-    cover = math.ceil(COVER * calls * call_probe / mm_probe)
-    _, per_call, host, _ = loops.covered(cover, calls, "calls")
-    loaded, after, per_call, host = rank_max(loaded, after, per_call, host)
+    loops.alone(matmuls)  # the clocks settle under a full loop first
+    before = loops.alone(matmuls)
+    loaded = loops.under_calls(matmuls)
+    after = loops.alone(matmuls)  # alone again: drift between the runs averages out
+    per_call, host = loops.calls_under(calls)
+    before, loaded, after, per_call, host = rank_max(before, loaded, after, per_call, host)
     return calls, per_call, host, (2 * loaded / (before + after) - 1) * 100
