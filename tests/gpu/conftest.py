@@ -1,14 +1,16 @@
-"""Two-rank GPU suite: one pytest session per rank, launched as
+"""GPU suite: one pytest session per rank, one GPU each, launched as
 
-    torchrun --nproc-per-node=2 -m pytest tests/gpu -q
+    torchrun --nproc-per-node=N -m pytest tests/gpu -q
 
-Both sessions collect the same tests in the same order, so each collective a test issues meets
-its partner on the other rank. Rules for tests in this folder:
-  * never let one rank skip, return or raise before a collective that the other rank runs
-    (a skip decided from the same facts on both ranks is fine);
+with N from 1 to the machine's GPU count (the GPU job uses them all). Every session collects
+the same tests in the same order, so each collective a test issues meets its partners on the
+other ranks; a test that needs more ranks than the world has is skipped (helpers.needs_ranks).
+Rules for tests in this folder:
+  * never let one rank skip, return or raise before a collective that another rank runs
+    (a skip decided from the same facts on every rank is fine);
   * run every collective of a test first and assert afterwards, so a failed assertion on one
-    rank leaves the two ranks in step for the next test.
-Without torchrun and two GPUs every test here is skipped, and nothing touches CUDA.
+    rank leaves the ranks in step for the next test.
+Without torchrun and a GPU per rank every test here is skipped, and nothing touches CUDA.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch.distributed as dist
 from .helpers import WORLD_SIZE
 
 GPU_DIR = pathlib.Path(__file__).resolve().parent
-SKIP_REASON = f"needs {WORLD_SIZE} GPUs under torchrun --nproc-per-node={WORLD_SIZE}; see README"
+SKIP_REASON = "needs torchrun --nproc-per-node=N with a GPU per rank; see README"
 # Per-test limit (pytest-timeout, where installed). The thread method dumps every stack and ends
 # the process: a rank hung inside a CUDA or NCCL wait cannot be interrupted by a signal.
 TEST_TIMEOUT_S = 120
@@ -37,11 +39,12 @@ def _in_gpu_dir(item: pytest.Item) -> bool:
     return GPU_DIR in pathlib.Path(item.path).resolve().parents
 
 
-def _launched_on_two_gpus() -> bool:
+def _launched_with_a_gpu_per_rank() -> bool:
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
     return (
-        os.environ.get("WORLD_SIZE") == str(WORLD_SIZE)
+        "WORLD_SIZE" in os.environ
         and "LOCAL_RANK" in os.environ
-        and torch.cuda.device_count() >= WORLD_SIZE
+        and 0 < local_ranks <= torch.cuda.device_count()
     )
 
 
@@ -54,7 +57,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ours = [item for item in items if _in_gpu_dir(item)]
     if not ours:
         return
-    skip = None if _launched_on_two_gpus() else pytest.mark.skip(reason=SKIP_REASON)
+    skip = None if _launched_with_a_gpu_per_rank() else pytest.mark.skip(reason=SKIP_REASON)
     timeout = (
         pytest.mark.timeout(TEST_TIMEOUT_S, method="thread")
         if config.pluginmanager.hasplugin("timeout")

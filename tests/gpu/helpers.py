@@ -1,4 +1,4 @@
-"""Shared pieces of the two-rank GPU suite: per-rank data, local references, checks.
+"""Shared pieces of the GPU suite: per-rank data, local references, checks.
 
 Every rank can build every other rank's data (it is a pure function of rank, shape, dtype and a
 salt), so each test computes its expected result locally with plain torch ops and compares after
@@ -22,7 +22,9 @@ import torch.distributed as dist
 
 import torch_nccl_core
 
-WORLD_SIZE = 2
+# The suite runs at any world size (torchrun --nproc-per-node=N, one GPU per rank); a test that
+# needs more ranks than the world has says so with needs_ranks.
+WORLD_SIZE = int(os.environ.get("WORLD_SIZE", "2"))
 SIZES = (0, 1, 1023, 4097, 1 << 20)
 SWEEP_NUMEL = 1023  # the odd size at which dtype and op sweeps run
 PREMUL_FACTOR = 0.5  # exact in every float dtype, and not the identity
@@ -42,8 +44,30 @@ FLOAT_ONLY_OPS = frozenset({"avg", "premul_sum_scalar", "premul_sum_tensor"})
 _BYTEWISE_DTYPES = frozenset({torch.uint16, torch.uint32, torch.uint64, *FLOAT8_DTYPES})
 
 ASYNC_MODES = [pytest.param(False, id="sync"), pytest.param(True, id="async")]
-# rooted collectives: both roots and both modes, without the full cross product
-ROOT_MODES = [pytest.param(0, False, id="root0-sync"), pytest.param(1, True, id="root1-async")]
+# rooted collectives: the first and the last root and both modes, without the full cross product
+ROOT_MODES = [
+    pytest.param(0, False, id="root0-sync"),
+    pytest.param(WORLD_SIZE - 1, True, id="rootlast-async"),
+]
+
+
+def needs_ranks(count: int) -> pytest.MarkDecorator:
+    """Skips a test in a world of fewer than `count` ranks (on every rank alike)."""
+    return pytest.mark.skipif(
+        WORLD_SIZE < count, reason=f"needs {count} or more ranks, the world has {WORLD_SIZE}"
+    )
+
+
+# Fault scenarios that script each rank's part (which one dies, which one goes quiet) for two.
+TWO_RANKS_ONLY = pytest.mark.skipif(
+    WORLD_SIZE != 2, reason="its scenarios script the parts of exactly two ranks"
+)
+
+
+def ring_peers(rank: int) -> tuple[int, int]:
+    """(next, previous): the rank this one sends to in a ring and the one it receives from (the
+    same rank in a world of two)."""
+    return (rank + 1) % WORLD_SIZE, (rank - 1) % WORLD_SIZE
 
 
 def dtype_id(dtype: torch.dtype) -> str:
@@ -85,19 +109,22 @@ def rank_tensor(
 ) -> torch.Tensor:
     """Data of `rank` on the current CUDA device, exact in `dtype`.
 
-    Values lie in 1..7 (-3..3 for signed dtypes), so sums and products over two ranks stay exact
-    in every dtype, including int8 and float8. Ranks and salts give different sequences, and
-    the ranks disagree element by element on which one holds the minimum.
+    Over two ranks values lie in 1..7 (-3..3 for signed dtypes); in larger worlds in 1..2 (-1 or
+    1), so that every partial sum and product over all ranks stays exact in every dtype, float8
+    included (float8_e5m2 holds the integers exactly only up to 8). Ranks and salts give
+    different sequences, and the ranks disagree element by element on which one holds the minimum.
     """
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     index = torch.arange(math.prod(shape), dtype=torch.int64, device="cuda")
-    values = ((index * (2 * rank + 1) + 3 * rank + 5 * salt) % 7 + 1).reshape(shape)
+    wide = WORLD_SIZE <= 2
+    values = (index * (2 * rank + 1) + 3 * rank + 5 * salt) % (7 if wide else 17)
+    values = (values + 1 if wide else values % 2 + 1).reshape(shape)  # mod 17: 8 distinct ranks
     if dtype == torch.bool:
         return values % 2 == 0
     if dtype.is_complex:
         return torch.complex((values - 4).double(), (values * 3 % 7 - 3).double()).to(dtype)
     if dtype.is_signed:
-        values = values - 4
+        values = values - 4 if wide else values * 2 - 3
     if dtype.is_floating_point:
         return values.float().to(dtype)
     return values.to(dtype)

@@ -25,6 +25,7 @@ from .helpers import (
     assert_equal,
     complete,
     make_reduce_op,
+    needs_ranks,
     poisoned,
     rank_tensor,
     reduce_cases,
@@ -83,6 +84,7 @@ def test_ops_spanning_many_slots_in_a_row(rank, always):
         assert_equal(output, expected)
 
 
+@needs_ranks(2)  # the copy engine runs only between peers
 def test_it_is_the_path_that_runs(rank):
     copy_engine, nccl = _group(True), _group(False)
     ran = {
@@ -97,6 +99,7 @@ def test_it_is_the_path_that_runs(rank):
     assert not any("waitKernel" in k for k in ran["nccl"]), ran["nccl"]
 
 
+@needs_ranks(2)  # the copy engine runs only between peers
 def test_by_default_from_the_measured_size(rank):
     group = _group(None)
     small = 1 << 16
@@ -125,6 +128,7 @@ def test_between_other_collectives_on_a_side_stream(rank, always):
     assert_equal(second, second_expected)
 
 
+@needs_ranks(2)  # the copy engine runs only between peers
 def test_user_signals_are_not_taken_by_it(rank, world_size, always):
     """One-sided signals and the reduce-scatter's signals count apart."""
     comm = torch_nccl_core.communicator(always)
@@ -163,6 +167,7 @@ def test_captured_in_a_cuda_graph_it_leaves_the_op_to_nccl(rank, always):
         assert_equal(result, total * (step + 1))
 
 
+@needs_ranks(2)  # a peer never joins
 @pytest.mark.timeout(60, method="thread")
 def test_aborting_the_group_ends_a_reduce_scatter_its_peer_never_joins(rank):
     """abort() is immediate (destroy would first give the op its timeout to finish)."""

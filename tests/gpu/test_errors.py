@@ -25,8 +25,9 @@ def _cuda(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
 
 
 def _other_gpu(*shape: int) -> torch.Tensor:
-    """A tensor on the GPU of the other local rank, not this group's."""
-    return torch.empty(*shape, device=torch.device("cuda", 1 - torch.cuda.current_device()))
+    """A tensor on another GPU than this rank's."""
+    other = (torch.cuda.current_device() + 1) % torch.cuda.device_count()
+    return torch.empty(*shape, device=torch.device("cuda", other))
 
 
 def _all_reduce(dtype: torch.dtype, op: dist.ReduceOp = dist.ReduceOp.SUM) -> None:
@@ -60,7 +61,7 @@ BAD_CALLS = {
         SIZE_WORDS,
     ),
     "all-gather-list-length": (
-        lambda: dist.all_gather([_cuda(4)], _cuda(4)),
+        lambda: dist.all_gather([_cuda(4)] * (WORLD_SIZE + 1), _cuda(4)),
         ValueError,
         LIST_WORDS,
     ),
@@ -102,7 +103,12 @@ BAD_CALLS = {
 }
 
 
-@pytest.mark.parametrize("case", list(BAD_CALLS))
+ONE_GPU = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs a second GPU")
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=ONE_GPU) if c == "wrong-gpu" else c for c in BAD_CALLS]
+)
 def test_bad_call_is_refused_and_group_stays_usable(case):
     call, types, match = BAD_CALLS[case]
     error = raised_by(call)

@@ -17,7 +17,9 @@ import pytest
 
 import torch_nccl_core
 
-from .helpers import run_child_world
+from .helpers import TWO_RANKS_ONLY, run_child_world
+
+pytestmark = TWO_RANKS_ONLY
 
 SCRIPT = pathlib.Path(__file__).resolve().parent / "fault_world.py"
 SLACK_S = 2.0  # what the issue allows past the timeout: watchdog polling and the abort

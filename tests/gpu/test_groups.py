@@ -15,6 +15,7 @@ from .helpers import (
     all_ranks,
     assert_equal,
     concat,
+    needs_ranks,
     poisoned,
     probe_group,
     rank_tensor,
@@ -51,7 +52,11 @@ def test_single_rank_groups(rank):
 
 
 @pytest.mark.skipif(not hasattr(dist, "split_group"), reason="this torch has no split_group")
-@pytest.mark.parametrize("split_ranks", [[[0], [1]], [[0, 1]]], ids=["singletons", "everyone"])
+@pytest.mark.parametrize(
+    "split_ranks",
+    [[[r] for r in range(WORLD_SIZE)], [list(range(WORLD_SIZE))]],
+    ids=["singletons", "everyone"],
+)
 def test_split_group(rank, split_ranks):
     group = dist.split_group(split_ranks=split_ranks)
     members = next(ranks for ranks in split_ranks if rank in ranks)
@@ -65,25 +70,27 @@ def test_split_group(rank, split_ranks):
 
 
 @pytest.mark.skipif(not hasattr(dist, "shrink_group"), reason="this torch has no shrink_group")
+@needs_ranks(2)
 @pytest.mark.parametrize("flags", ["SHRINK_DEFAULT", "SHRINK_ABORT"])
 def test_shrink_group_leaves_the_excluded_rank_out(rank, flags):
     group = dist.new_group(list(range(WORLD_SIZE)), backend="nccl_core")
-    before = probe_group(group)  # the communicator exists on both ranks
+    before = probe_group(group)  # the communicator exists on every rank
     supports = group._get_backend(torch.device("cuda")).supports_shrinking
-    if rank == 0:  # the excluded rank never calls shrink_group (NCCL's contract)
+    excluded = WORLD_SIZE - 1
+    if rank != excluded:  # the excluded rank never calls shrink_group (NCCL's contract)
         shrunk = dist.shrink_group(
-            [1], group=group, shrink_flags=getattr(dist.distributed_c10d, flags)
+            [excluded], group=group, shrink_flags=getattr(dist.distributed_c10d, flags)
         )
         size, backend = dist.get_world_size(shrunk), dist.get_backend(shrunk)
         after = probe_group(shrunk)
         dist.destroy_process_group(shrunk)
     else:
         dist.destroy_process_group(group)
-        size, backend, after = 1, "nccl_core", before
+        size, backend, after = WORLD_SIZE - 1, "nccl_core", before
     dist.barrier()
     assert supports
     assert_equal(*before)
-    assert (size, backend) == (1, "nccl_core")
+    assert (size, backend) == (WORLD_SIZE - 1, "nccl_core")
     assert_equal(*after)
 
 
@@ -115,7 +122,7 @@ def test_functional_collectives(rank):
         "all_gather_tensor": funcol.all_gather_tensor(mine, 0, group),
         "reduce_scatter_tensor": funcol.reduce_scatter_tensor(mine, "sum", 0, group),
         "all_to_all_single": funcol.all_to_all_single(mine, None, None, group),
-        "broadcast": funcol.broadcast(mine, 1, group),
+        "broadcast": funcol.broadcast(mine, WORLD_SIZE - 1, group),
     }
     total = reference_reduce(everyone, "sum")
     expected = {
@@ -123,7 +130,7 @@ def test_functional_collectives(rank):
         "all_gather_tensor": concat(everyone),
         "reduce_scatter_tensor": total.chunk(WORLD_SIZE)[rank],
         "all_to_all_single": concat([t.chunk(WORLD_SIZE)[rank] for t in everyone]),
-        "broadcast": everyone[1],
+        "broadcast": everyone[-1],
     }
     for name, result in results.items():
         assert_equal(_waited(result), expected[name])

@@ -44,12 +44,12 @@ def test_resolve_tensor(device):
         torch_nccl_core.resolve_tensor(torch.zeros(4, 4, device=device).t())
 
 
-def test_collectives_on_nccl_memory(rank, device):
+def test_collectives_on_nccl_memory(rank, world_size, device):
     numel = 4097
     t = torch_nccl_core.empty(numel, dtype=torch.float32, device=device)
     t.copy_(rank_tensor(numel, torch.float32, rank))
     dist.all_reduce(t)
-    gathered = torch_nccl_core.empty(2 * numel, dtype=torch.float32, device=device)
+    gathered = torch_nccl_core.empty(world_size * numel, dtype=torch.float32, device=device)
     gathered.copy_(poisoned(gathered))
     dist.all_gather_into_tensor(gathered, rank_tensor(numel, torch.float32, rank))
     expected = all_ranks(numel, torch.float32)

@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch_nccl_core
 from torch_nccl_core import WaitSignalDesc, WindowFlag
 
-from .helpers import assert_equal, rank_tensor
+from .helpers import assert_equal, needs_ranks, rank_tensor
 
 NUMEL = 4096
 
@@ -22,6 +22,7 @@ def _window(numel: int = 4 * NUMEL, flags: WindowFlag = WindowFlag.DEFAULT):
     return buf, torch_nccl_core.communicator().find_window(buf)
 
 
+@needs_ranks(2)  # one-sided ops go to another rank
 @pytest.mark.parametrize("stream_kind", ["current", "torch", "int", "protocol"])
 def test_put_signal_ring(rank, world_size, stream_kind):
     comm = torch_nccl_core.communicator()
@@ -49,6 +50,7 @@ def test_put_signal_ring(rank, world_size, stream_kind):
     assert_equal(untouched, torch.zeros(NUMEL, device="cuda"))
 
 
+@needs_ranks(2)  # one-sided ops go to another rank
 @pytest.mark.parametrize("flags", [WindowFlag.DEFAULT, WindowFlag.COLL_SYMMETRIC])
 def test_put_signal_from_window_memory(rank, world_size, flags):
     """A source inside a window lands too (NCCL >= 2.29 reads symmetric ones in place)."""
@@ -64,6 +66,7 @@ def test_put_signal_from_window_memory(rank, world_size, flags):
     assert_equal(received, rank_tensor(NUMEL, torch.float32, source))
 
 
+@needs_ranks(2)  # one-sided ops go to another rank
 def test_signals_count(rank, world_size):
     """Several puts, one wait of op_count=n; then waits in a loop."""
     comm = torch_nccl_core.communicator()
@@ -86,6 +89,7 @@ def test_signals_count(rank, world_size):
     assert_equal(first, expected)
 
 
+@needs_ranks(2)  # one-sided ops go to another rank
 def test_one_sided_refuses_bad_input(rank, world_size):
     comm = torch_nccl_core.communicator()
     _buf, window = _window(NUMEL)  # _buf keeps the window's memory alive
@@ -124,6 +128,7 @@ def test_one_sided_refuses_bad_input(rank, world_size):
         comm.put_signal(src[:4], peer, window)
 
 
+@needs_ranks(2)  # one-sided ops go to another rank
 def test_window_of_another_group_is_refused(rank, world_size):
     group = dist.new_group(backend="nccl_core")
     memory = torch_nccl_core.empty(NUMEL, group=group, window=True)

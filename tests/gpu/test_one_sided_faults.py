@@ -19,7 +19,9 @@ import re
 
 import pytest
 
-from .helpers import run_child_world
+from .helpers import TWO_RANKS_ONLY, run_child_world
+
+pytestmark = TWO_RANKS_ONLY
 
 SCRIPT = pathlib.Path(__file__).resolve().parent / "one_sided_fault_world.py"
 SLACK_S = 2.0  # what the issue allows past the timeout: watchdog span, polling and the abort

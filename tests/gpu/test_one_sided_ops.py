@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch_nccl_core
 from torch_nccl_core import ops
 
-from .helpers import assert_equal, rank_tensor
+from .helpers import assert_equal, needs_ranks, rank_tensor, ring_peers
 
 NUMEL = 2048
 
@@ -21,6 +21,7 @@ def _window() -> torch.Tensor:
     return window
 
 
+@needs_ranks(2)  # one-sided ops go to another rank
 def test_ops_eager_exchange(rank, world_size):
     window = _window()
     peer = (rank + 1) % world_size
@@ -32,20 +33,20 @@ def test_ops_eager_exchange(rank, world_size):
     assert_equal(received, rank_tensor(NUMEL, torch.float32, (rank - 1) % world_size))
 
 
-def test_ring_exchange_replays_in_a_cuda_graph(rank, world_size):
+@needs_ranks(2)  # one-sided ops go to another rank
+def test_ring_exchange_replays_in_a_cuda_graph(rank):
     """Capture put / wait / ack once, replay 100 times with new data, check every result."""
-    assert world_size == 2  # the peer sends data and acks in one counted stream
     window = _window()
-    peer = 1 - rank
+    after, before = ring_peers(rank)
     src = torch.zeros(NUMEL, device="cuda")
     out = torch.zeros(NUMEL, device="cuda")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        ops.put_signal(src, window, peer)  # data
-        ops.wait_signal(window, peer)  # the peer's data arrived
+        ops.put_signal(src, window, after)  # data
+        ops.wait_signal(window, before)  # the previous rank's data arrived
         out.copy_(window)
-        ops.signal(window, peer)  # ack: its data was read
-        ops.wait_signal(window, peer)  # the peer read ours: the window may be rewritten
+        ops.signal(window, before)  # ack: its data was read
+        ops.wait_signal(window, after)  # the next rank read ours: its window may be rewritten
     torch.cuda.synchronize()
     dist.barrier()
     results = []
@@ -56,18 +57,19 @@ def test_ring_exchange_replays_in_a_cuda_graph(rank, world_size):
     torch.cuda.synchronize()
     dist.barrier()
     for step, result in enumerate(results):
-        assert_equal(result, rank_tensor(NUMEL, torch.float32, peer, salt=step))
+        assert_equal(result, rank_tensor(NUMEL, torch.float32, before, salt=step))
 
 
+@needs_ranks(2)  # one-sided ops go to another rank
 def test_ops_compile_fullgraph_keeps_order(rank):
     window = _window()
-    peer = 1 - rank
+    after, before = ring_peers(rank)
     name = dist.group.WORLD.group_name
 
     def exchange(x: torch.Tensor, win: torch.Tensor) -> torch.Tensor:
         data = x * 2 + 1  # computed before the put that sends it
-        torch.ops.nccl_core.put_signal(data, win, peer, 0, name)
-        torch.ops.nccl_core.wait_signal(win, [peer], [1], name)
+        torch.ops.nccl_core.put_signal(data, win, after, 0, name)
+        torch.ops.nccl_core.wait_signal(win, [before], [1], name)
         return win * 3  # read after the wait
 
     compiled = torch.compile(exchange, fullgraph=True)
@@ -75,5 +77,5 @@ def test_ops_compile_fullgraph_keeps_order(rank):
     result = compiled(x, window)
     torch.cuda.synchronize()
     dist.barrier()
-    expected = (rank_tensor(NUMEL, torch.float32, peer) * 2 + 1) * 3
+    expected = (rank_tensor(NUMEL, torch.float32, before) * 2 + 1) * 3
     assert_equal(result, expected)

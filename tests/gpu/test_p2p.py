@@ -12,46 +12,51 @@ from .helpers import (
     assert_equal,
     assert_raised,
     dtype_cases,
+    needs_ranks,
     poisoned,
     probe_group,
     raised_by,
     rank_tensor,
     require_dtype,
+    ring_peers,
 )
 
 # (dtype, numel) of the tensors that batched exchanges move together
 BATCH = [(torch.float32, 4097), (torch.int8, 1), (torch.bfloat16, 0), (torch.int64, 1023)]
 
 
+@needs_ranks(2)  # a rank's own send and recv are two calls that cannot meet
 @pytest.mark.parametrize(("dtype", "numel"), dtype_cases(COPY_DTYPES))
 def test_send_recv(rank, dtype, numel):
     require_dtype(dtype)
-    peer = 1 - rank
-    expected = rank_tensor(numel, dtype, peer)
+    after, before = ring_peers(rank)
+    expected = rank_tensor(numel, dtype, before)
     received = poisoned(expected)
     mine = rank_tensor(numel, dtype, rank)
-    if rank == 0:
-        dist.send(mine, dst=peer)
-        source = dist.recv(received, src=peer)
+    # even ranks send first, odd ranks receive first: each first op meets its partner's first
+    if rank % 2 == 0:
+        dist.send(mine, dst=after)
+        source = dist.recv(received, src=before)
     else:
-        source = dist.recv(received, src=peer)
-        dist.send(mine, dst=peer)
-    assert source == peer
+        source = dist.recv(received, src=before)
+        dist.send(mine, dst=after)
+    assert source == before
     assert_equal(received, expected)
 
 
+@needs_ranks(2)
 @pytest.mark.parametrize(("dtype", "numel"), dtype_cases(COPY_DTYPES))
 def test_isend_irecv(rank, dtype, numel):
     require_dtype(dtype)
-    peer = 1 - rank
-    expected = rank_tensor(numel, dtype, peer)
+    after, before = ring_peers(rank)
+    expected = rank_tensor(numel, dtype, before)
     received = poisoned(expected)
     mine = rank_tensor(numel, dtype, rank)
-    # opposite orders, so that each rank's first op meets the other's first op
-    if rank == 0:
-        works = [dist.isend(mine, dst=peer), dist.irecv(received, src=peer)]
+    # opposite orders on even and odd ranks, so that each first op meets its partner's first
+    if rank % 2 == 0:
+        works = [dist.isend(mine, dst=after), dist.irecv(received, src=before)]
     else:
-        works = [dist.irecv(received, src=peer), dist.isend(mine, dst=peer)]
+        works = [dist.irecv(received, src=before), dist.isend(mine, dst=after)]
     for work in works:
         work.wait()
     assert_equal(received, expected)
@@ -59,7 +64,7 @@ def test_isend_irecv(rank, dtype, numel):
 
 def _ring_exchange(rank: int) -> tuple[list[dist.P2POp], list[torch.Tensor], list[torch.Tensor]]:
     """Sends to the next rank and receives from the previous one, one pair per BATCH entry."""
-    after, before = (rank + 1) % WORLD_SIZE, (rank - 1) % WORLD_SIZE
+    after, before = ring_peers(rank)
     ops, received, expected = [], [], []
     for salt, (dtype, numel) in enumerate(BATCH):
         expected.append(rank_tensor(numel, dtype, before, salt=salt))
@@ -115,14 +120,14 @@ def test_recv_from_any_source_is_refused(fresh_group):
 def test_refused_op_ends_its_coalescing_block(rank, device, fresh_group):
     """An op refused inside a coalescing block ends the block: the ops queued before it run, and
     the group takes ops again (was: every later batch raised "startCoalescing() called twice")."""
-    peer = 1 - rank
+    after, before = ring_peers(rank)
     sent = rank_tensor(4097, torch.float32, rank)
-    early = poisoned(rank_tensor(4097, torch.float32, peer))
+    early = poisoned(rank_tensor(4097, torch.float32, before))
 
     def refused_inside_a_block():
         with dist._coalescing_manager(group=fresh_group, device=device, async_ops=True):
-            dist.isend(sent, dst=peer, group=fresh_group)
-            dist.irecv(early, src=peer, group=fresh_group)
+            dist.isend(sent, dst=after, group=fresh_group)
+            dist.irecv(early, src=before, group=fresh_group)
             # the ProcessGroup method reaches the backend: torch's own functions check first
             fresh_group.send([sent], WORLD_SIZE, 0)
 
@@ -135,7 +140,7 @@ def test_refused_op_ends_its_coalescing_block(rank, device, fresh_group):
     torch.cuda.synchronize()
 
     assert_raised(error, ValueError, r"(?i)rank")
-    assert_equal(early, rank_tensor(4097, torch.float32, peer))
+    assert_equal(early, rank_tensor(4097, torch.float32, before))
     for actual, want in zip(received, expected, strict=True):
         assert_equal(actual, want)
     assert_equal(*probe)

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from .helpers import ASYNC_MODES, complete
+from .helpers import ASYNC_MODES, complete, ring_peers
 
 NUMEL = 1024
 
@@ -18,12 +18,12 @@ NUMEL = 1024
 def _profiled(rank: int, async_op: bool):
     tensor = torch.ones(NUMEL, device="cuda")
     received = torch.empty(NUMEL, device="cuda")
-    peer = 1 - rank
+    after, before = ring_peers(rank)
     activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
     with profile(activities=activities, record_shapes=True) as prof:
         complete(dist.all_reduce(tensor, async_op=async_op), async_op)
         complete(dist.broadcast(tensor, src=0, async_op=async_op), async_op)
-        exchange = [dist.P2POp(dist.isend, tensor, peer), dist.P2POp(dist.irecv, received, peer)]
+        exchange = [dist.P2POp(dist.isend, tensor, after), dist.P2POp(dist.irecv, received, before)]
         for work in dist.batch_isend_irecv(exchange):
             work.wait()
         torch.cuda.synchronize()

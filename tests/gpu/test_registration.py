@@ -57,7 +57,8 @@ def test_ops_on_nccl_memory_register_once_and_are_right(rank, world_size, kind, 
     for _ in range(3):  # repeated use of registered memory adds no registration
         dist.all_reduce(reduced, group=fresh_group)
     count_after = comm._resource_count()
-    expected_reduced = reference_reduce(all_ranks(numel, torch.float32), "sum") * 8
+    # three more all-reduces each sum world_size copies
+    expected_reduced = reference_reduce(all_ranks(numel, torch.float32), "sum") * world_size**3
     per_rank = expected_gather.view(world_size, numel)
     assert count_before == 0
     assert after_first == 1  # the allocation holding `reduced`
@@ -136,9 +137,10 @@ def test_broadcast_leaves_memory_unregistered(rank, fresh_group):
     comm = torch_nccl_core.communicator(fresh_group)
     t = torch_nccl_core.empty(SWEEP_NUMEL)
     t.copy_(rank_tensor(SWEEP_NUMEL, torch.float32, rank))
-    dist.broadcast(t, src=1, group=fresh_group)
+    world = dist.get_world_size()
+    dist.broadcast(t, src=world - 1, group=fresh_group)
     after_broadcast = comm._resource_count()
     dist.all_reduce(t, group=fresh_group)
     after_all_reduce = comm._resource_count()
     assert (after_broadcast, after_all_reduce) == (0, 1)
-    assert_equal(t, rank_tensor(SWEEP_NUMEL, torch.float32, 1) * 2)
+    assert_equal(t, rank_tensor(SWEEP_NUMEL, torch.float32, world - 1) * world)

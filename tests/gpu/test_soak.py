@@ -24,6 +24,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from .helpers import TWO_RANKS_ONLY
+
+pytestmark = TWO_RANKS_ONLY
+
 SCRIPT = pathlib.Path(__file__).resolve().parent / "soak_world.py"
 CYCLES = int(os.environ.get("NCCL_CORE_SOAK_CYCLES", "12"))
 SEED = int(os.environ.get("NCCL_CORE_SOAK_SEED", "0"))

@@ -14,11 +14,19 @@ import torch.distributed as dist
 
 import torch_nccl_core
 
-from .helpers import SWEEP_NUMEL, all_ranks, assert_equal, rank_tensor, reference_reduce
+from .helpers import (
+    SWEEP_NUMEL,
+    all_ranks,
+    assert_equal,
+    needs_ranks,
+    rank_tensor,
+    reference_reduce,
+)
 
 CLOSED = "was closed"
 
 
+@needs_ranks(2)  # waits on another rank's signal
 @pytest.mark.timeout(60, method="thread")
 def test_destroying_the_group_ends_a_wait_no_signal_meets(rank, world_size):
     """A load_store wait spins on the device until its signal; an abort must end it, not hang."""
@@ -75,15 +83,17 @@ def test_pool_outlives_its_group(rank):
     assert_equal(result, reference_reduce(all_ranks(1 << 20, torch.float32), "sum"))
 
 
-def test_group_destroyed_with_ops_in_flight(rank):
+def test_group_destroyed_with_ops_in_flight(rank, world_size):
     group = dist.new_group(backend="nccl_core")
     t = torch_nccl_core.empty(64 << 20, dtype=torch.uint8)
-    t.fill_(rank)
+    t.fill_(rank + 1)
     works = [dist.all_reduce(t, group=group, async_op=True) for _ in range(4)]
     dist.destroy_process_group(group)  # waits for the enqueued work, then frees the comm
     del works
     torch.cuda.synchronize()
-    assert t.view(-1)[0].item() == (0 + 1) * 2**3  # 1 after the first sum, doubled 3 times
+    # the sum of 1..world_size after the first op, then world_size times that, three times
+    first = world_size * (world_size + 1) // 2
+    assert t.view(-1)[0].item() == first * world_size**3 % 256
 
 
 EXIT_SCRIPT = textwrap.dedent(

@@ -20,17 +20,17 @@ DTYPE = torch.float32
 BIG = 1 << 24  # 64 MiB of float32
 
 
-def _delay_rank_one(rank: int) -> None:
-    """Line the hosts up, then hold rank 1's current stream for a while."""
+def _delay_last_rank(rank: int) -> None:
+    """Line the hosts up, then hold the last rank's current stream for a while."""
     dist.barrier()
-    if rank == 1:
+    if rank == dist.get_world_size() - 1:
         torch.cuda._sleep(SLEEP_CYCLES)
 
 
 def test_wait_orders_the_current_stream(rank):
     tensor = rank_tensor(BIG, DTYPE, rank)
     expected = reference_reduce(all_ranks(BIG, DTYPE), "sum")
-    _delay_rank_one(rank)
+    _delay_last_rank(rank)
     work = dist.all_reduce(tensor, async_op=True)
     work.wait()
     snapshot = tensor.clone()  # on the current stream, no host synchronisation in between
@@ -74,7 +74,7 @@ def test_future_holds_the_outputs(rank):
 def test_future_then_runs_after_the_op(rank):
     tensor = rank_tensor(BIG, DTYPE, rank)
     doubled_expected = reference_reduce(all_ranks(BIG, DTYPE), "sum") * 2
-    _delay_rank_one(rank)
+    _delay_last_rank(rank)
     work = dist.all_reduce(tensor, async_op=True)
     doubled = work.get_future().then(lambda future: future.value()[0] * 2).wait()
     assert work.wait(timeout=timedelta(seconds=30))
@@ -99,7 +99,7 @@ def _scribble() -> list[torch.Tensor]:
 def test_input_outlives_its_python_reference(rank):
     expected = concat(all_ranks(BIG, DTYPE))
     output = poisoned(expected)
-    _delay_rank_one(rank)
+    _delay_last_rank(rank)
     work = _all_gather_dropping_input(rank, output)
     scribbles = _scribble()
     work.wait()
@@ -108,7 +108,7 @@ def test_input_outlives_its_python_reference(rank):
 
 
 def test_forgotten_async_op_does_not_write_into_reused_memory(rank):
-    _delay_rank_one(rank)
+    _delay_last_rank(rank)
     _all_reduce_and_forget(rank)
     scribbles = _scribble()
     torch.cuda.synchronize()  # every stream, the backend's included

@@ -13,7 +13,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from .helpers import ASYNC_MODES, assert_equal, assert_raised, probe_group, raised_by
+from .helpers import (
+    ASYNC_MODES,
+    assert_equal,
+    assert_raised,
+    needs_ranks,
+    probe_group,
+    raised_by,
+)
 
 GROUP_TIMEOUT = timedelta(seconds=5)
 DETECTION_SLACK_S = 20.0  # "the timeout plus a few seconds": watchdog polling and the abort
@@ -46,6 +53,7 @@ def _group_timing_out_after(timeout: timedelta, how: str) -> dist.ProcessGroup:
     return group
 
 
+@needs_ranks(2)  # a peer goes quiet
 @pytest.mark.parametrize("how", ["new_group", "set_timeout"])
 @pytest.mark.parametrize("async_op", ASYNC_MODES)
 def test_collective_skipped_by_a_peer_times_out(rank, async_op, how):
@@ -77,6 +85,7 @@ def test_collective_skipped_by_a_peer_times_out(rank, async_op, how):
         assert_raised(later, dist.DistBackendError)  # the group stays failed
 
 
+@needs_ranks(2)  # a peer arrives late
 @pytest.mark.skipif(
     not hasattr(dist.ProcessGroup, "_add_ephemeral_timeout"),
     reason="timeout extensions need torch >= 2.14",
