@@ -5,7 +5,7 @@ process group created on the backend named by NCCL_CORE_CONFORMANCE_BACKEND (def
 It stays an NCCL run (BACKEND=nccl), so the suite picks CUDA tensors and NCCL's feature sets;
 only the groups move. Tests that assert the backend's name ("nccl") are expected to differ, see
 docs/compatibility.md. Run through .ci/conformance, which compares against the built-in backend.
-Not collected by `pytest tests` (2 GPUs, and a process pair per test).
+Not collected by `pytest tests` (WORLD_SIZE GPUs, default 2, and that many processes per test).
 """
 
 from __future__ import annotations
