@@ -35,6 +35,87 @@ def swap(values: list[int], device: torch.device) -> list[int]:
     return received.tolist()
 
 
+def exchange(comm, memory: torch.Tensor, window, blocks: list[torch.Tensor], at: list[int]):
+    """Put blocks[r] into rank r's `memory` at element offset at[r] (a local copy for this rank),
+    signal every peer once, and wait for one signal from every peer."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for r, block in enumerate(blocks):
+        if r == rank:
+            memory[at[r] : at[r] + block.numel()].copy_(block.reshape(-1))
+        elif block.numel():
+            comm.put_signal(block, r, window, offset=at[r])
+        else:
+            comm.signal(r)
+    comm.wait_signal([WaitSignalDesc(r) for r in range(world) if r != rank])
+
+
+class Dispatch:
+    """One rank's tokens routed to experts on every rank (expert e on rank e % world)."""
+
+    def __init__(self, tokens: torch.Tensor, seed: int):
+        device, world = tokens.device, dist.get_world_size()
+        self.tokens, self.hidden = tokens, tokens.shape[1]
+        generator = torch.Generator(device=device).manual_seed(seed)
+        dest = torch.randint(0, world, (len(tokens),), device=device, generator=generator)
+        self.order = torch.argsort(dest, stable=True)
+        self.send = tokens[self.order].contiguous()
+        self.send_splits = torch.bincount(dest, minlength=world).tolist()
+        self.recv_splits = swap(self.send_splits, device)
+        # Where each source's tokens start here, where mine start in each peer's window, and
+        # where each source wants its tokens back (its send order).
+        self.recv_offsets = starts(self.recv_splits)
+        self.put_offsets = swap(self.recv_offsets, device)
+        self.back_offsets = swap(starts(self.send_splits), device)
+        self.comm = torch_nccl_core.communicator()
+        # Receive window: room for the most tokens any rank can get (all of everyone's).
+        self.inbox = torch_nccl_core.empty(tokens.numel() * world, dtype=tokens.dtype, window=True)
+        self.returns = torch_nccl_core.empty(tokens.numel(), dtype=tokens.dtype, window=True)
+        self.inbox_window = self.comm.find_window(self.inbox)
+        self.returns_window = self.comm.find_window(self.returns)
+
+    def one_sided(self) -> torch.Tensor:
+        blocks = list(self.send.split(self.send_splits))
+        offsets = [o * self.hidden for o in self.put_offsets]  # mine: my own receive offset
+        exchange(self.comm, self.inbox, self.inbox_window, blocks, offsets)
+        return self.inbox[: sum(self.recv_splits) * self.hidden].view(-1, self.hidden)
+
+    def collective(self) -> torch.Tensor:
+        out = self.send.new_empty(sum(self.recv_splits), self.hidden)
+        dist.all_to_all_single(out, self.send, self.recv_splits, self.send_splits)
+        return out
+
+    def combine_one_sided(self, expert_out: torch.Tensor) -> torch.Tensor:
+        blocks = list(expert_out.split(self.recv_splits))
+        offsets = [o * self.hidden for o in self.back_offsets]
+        exchange(self.comm, self.returns, self.returns_window, blocks, offsets)
+        return self._unsorted(self.returns.view(-1, self.hidden))
+
+    def combine_collective(self, expert_out: torch.Tensor) -> torch.Tensor:
+        back = torch.empty_like(self.send)
+        dist.all_to_all_single(back, expert_out, self.send_splits, self.recv_splits)
+        return self._unsorted(back)
+
+    def _unsorted(self, in_send_order: torch.Tensor) -> torch.Tensor:
+        combined = torch.empty_like(self.tokens)
+        combined[self.order] = in_send_order
+        return combined
+
+
+def timed(fn, iters: int) -> tuple[torch.Tensor, float]:
+    """fn's last result and its time per call in us, a barrier after each call (a window is
+    rewritten by the next call: every rank must have read it)."""
+    for _ in range(3):
+        fn()
+        dist.barrier()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        result = fn()
+        dist.barrier()
+    torch.cuda.synchronize()
+    return result, (time.perf_counter() - start) / iters * 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=8192, help="tokens per rank")
@@ -45,96 +126,18 @@ def main() -> None:
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
     torch.cuda.set_device(device)
     dist.init_process_group("nccl_core", device_id=device)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    comm = torch_nccl_core.communicator()
-    generator = torch.Generator(device=device).manual_seed(rank)
-
     tokens = torch.randn(args.tokens, args.hidden, device=device, dtype=torch.bfloat16)
-    dest = torch.randint(0, world, (args.tokens,), device=device, generator=generator)
-    order = torch.argsort(dest, stable=True)
-    send = tokens[order].contiguous()
-    send_splits = torch.bincount(dest, minlength=world).tolist()
-    recv_splits = swap(send_splits, device)
+    moe = Dispatch(tokens, seed=dist.get_rank())
 
-    # Receive window: room for the most tokens any rank can get (all of everyone's).
-    capacity = args.tokens * world * args.hidden
-    window_memory = torch_nccl_core.empty(capacity, dtype=torch.bfloat16, window=True)
-    window = comm.find_window(window_memory)
-    # Where each source's tokens start in my window, and where mine start in each peer's.
-    recv_offsets = starts(recv_splits)
-    put_offsets = swap(recv_offsets, device)
-
-    def one_sided() -> torch.Tensor:
-        start = 0
-        for r in range(world):
-            part = send[start : start + send_splits[r]]
-            start += send_splits[r]
-            if r == rank:
-                at = recv_offsets[rank] * args.hidden
-                window_memory[at : at + part.numel()].copy_(part.reshape(-1))
-            elif part.numel():
-                comm.put_signal(part, r, window, offset=put_offsets[r] * args.hidden)
-            else:
-                comm.signal(r)
-        comm.wait_signal([WaitSignalDesc(r) for r in range(world) if r != rank])
-        received = sum(recv_splits) * args.hidden
-        return window_memory[:received].view(-1, args.hidden)
-
-    def collective() -> torch.Tensor:
-        out = torch.empty(sum(recv_splits), args.hidden, device=device, dtype=torch.bfloat16)
-        dist.all_to_all_single(out, send, recv_splits, send_splits)
-        return out
-
-    # Combine: where each source wants my block of its tokens back (its send order).
-    back_offsets = swap(starts(send_splits), device)
-    combine_memory = torch_nccl_core.empty(
-        args.tokens * args.hidden, dtype=torch.bfloat16, window=True
-    )
-    combine_window = comm.find_window(combine_memory)
-
-    def combine_one_sided(expert_out: torch.Tensor) -> torch.Tensor:
-        for r in range(world):
-            block = expert_out[recv_offsets[r] : recv_offsets[r] + recv_splits[r]]
-            at = back_offsets[r] * args.hidden
-            if r == rank:
-                combine_memory[at : at + block.numel()].copy_(block.reshape(-1))
-            elif block.numel():
-                comm.put_signal(block, r, combine_window, offset=at)
-            else:
-                comm.signal(r)
-        comm.wait_signal([WaitSignalDesc(r) for r in range(world) if r != rank])
-        combined = torch.empty_like(tokens)
-        combined[order] = combine_memory.view(-1, args.hidden)
-        return combined
-
-    def combine_collective(expert_out: torch.Tensor) -> torch.Tensor:
-        back = torch.empty_like(send)
-        dist.all_to_all_single(back, expert_out, send_splits, recv_splits)
-        combined = torch.empty_like(tokens)
-        combined[order] = back
-        return combined
-
-    def timed(fn) -> tuple[torch.Tensor, float]:
-        for _ in range(3):
-            fn()
-            dist.barrier()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(args.iters):
-            result = fn()
-            dist.barrier()  # the window is rewritten next round: everyone has read it
-        torch.cuda.synchronize()
-        return result, (time.perf_counter() - start) / args.iters * 1e6
-
-    got, one_sided_us = timed(one_sided)
-    want, collective_us = timed(collective)
+    got, one_sided_us = timed(moe.one_sided, args.iters)
+    want, collective_us = timed(moe.collective, args.iters)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     expert_out = (want * 2).contiguous()  # the experts' work
-    back, combine_one_sided_us = timed(lambda: combine_one_sided(expert_out))
-    back_ref, combine_collective_us = timed(lambda: combine_collective(expert_out))
+    back, combine_one_sided_us = timed(lambda: moe.combine_one_sided(expert_out), args.iters)
+    back_ref, combine_collective_us = timed(lambda: moe.combine_collective(expert_out), args.iters)
     torch.testing.assert_close(back, back_ref, rtol=0, atol=0)
     torch.testing.assert_close(back, tokens * 2, rtol=0, atol=0)
-    if rank == 0:
+    if dist.get_rank() == 0:
         print(
             f"{args.tokens} tokens x {args.hidden} per rank; times include a barrier each:\n"
             f"  dispatch: put_signal {one_sided_us:.1f} us, "
