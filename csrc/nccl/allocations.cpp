@@ -3,6 +3,7 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <shared_mutex>
 #include <vector>
 
 namespace nccl_core {
@@ -10,7 +11,8 @@ namespace nccl_core {
 namespace {
 
 struct Table {
-  std::mutex mutex;
+  // Read by every op that touches NCCL memory; written on allocation and free.
+  std::shared_mutex mutex;
   std::map<uintptr_t, Allocation> byBase;
   std::vector<std::weak_ptr<AllocationObserver>> observers;
   uint64_t nextId = 1;
@@ -29,7 +31,7 @@ Table& table() {
 
 void recordAllocation(void* ptr, size_t size, int device) {
   Table& t = table();
-  std::lock_guard<std::mutex> lock(t.mutex);
+  std::lock_guard<std::shared_mutex> lock(t.mutex);
   const auto base = reinterpret_cast<uintptr_t>(ptr);
   t.byBase[base] = Allocation{base, size, t.nextId++, device};
   t.count.store(t.byBase.size(), std::memory_order_release);
@@ -40,7 +42,7 @@ void forgetAllocation(void* ptr) {
   std::optional<Allocation> gone;
   std::vector<std::shared_ptr<AllocationObserver>> observers;
   {
-    std::lock_guard<std::mutex> lock(t.mutex);
+    std::lock_guard<std::shared_mutex> lock(t.mutex);
     auto it = t.byBase.find(reinterpret_cast<uintptr_t>(ptr));
     if (it == t.byBase.end()) {
       return;
@@ -68,7 +70,7 @@ std::optional<Allocation> findAllocation(const void* ptr, size_t bytes) {
     return std::nullopt;
   }
   const auto address = reinterpret_cast<uintptr_t>(ptr);
-  std::lock_guard<std::mutex> lock(t.mutex);
+  std::shared_lock<std::shared_mutex> lock(t.mutex);
   auto it = t.byBase.upper_bound(address);
   if (it == t.byBase.begin()) {
     return std::nullopt;
@@ -83,7 +85,7 @@ std::optional<Allocation> findAllocation(const void* ptr, size_t bytes) {
 
 void addAllocationObserver(std::weak_ptr<AllocationObserver> observer) {
   Table& t = table();
-  std::lock_guard<std::mutex> lock(t.mutex);
+  std::lock_guard<std::shared_mutex> lock(t.mutex);
   t.observers.push_back(std::move(observer));
 }
 
