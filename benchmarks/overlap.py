@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 
 from .timing import MIN_ITERS, PROBE_ITERS, measure, rank_max
 
@@ -91,23 +92,34 @@ class MatmulBeside:
 
     def under_calls(self, matmuls: int) -> float:
         """Seconds of `matmuls` matmuls with calls beside them until every rank's matmuls are
-        done (the ranks agree after each chunk, so all make the same calls)."""
+        done. The ranks agree without pausing the calls: after each chunk a rank starts an
+        all-reduce of whether it is still busy over the CPU group and reads the previous
+        chunk's, so every rank stops after the same chunk."""
+        assert matmuls > 0
         self._settle()
         rank_max(0.0)  # start together
         start, self.last = _timing_events(2)
         start.record(self.side)
         self.left = matmuls
-        busy = True
-        while busy:
+        previous = None
+        while True:
             self._chunk(CHUNK, [])
-            done = self.left == 0 and self.last.query()
-            (busy,) = rank_max(0.0 if done else 1.0)
+            mine = self.left > 0 or not self.last.query()
+            busy = torch.tensor([float(mine)], dtype=torch.float64)
+            work = dist.all_reduce(busy, op=dist.ReduceOp.MAX, async_op=True)
+            if previous is not None:
+                previous[0].wait()
+                if previous[1].item() == 0.0:
+                    work.wait()
+                    break
+            previous = (work, busy)
         self._settle()
         return _seconds(start, self.last)
 
     def calls_under(self, calls: int) -> tuple[float, float]:
         """`calls` calls with matmuls beside them from before the first until the GPU has done
         the last. Returns (s per call, median host s per call)."""
+        assert calls > 0
         self._settle()
         rank_max(0.0)  # start together
         self.left, self.last = math.inf, None

@@ -276,7 +276,8 @@ def register_close_cycles(
 
 
 def _child_world_env(rank: int, port: int) -> dict[str, str]:
-    """This rank's environment in a two-process world of its own, bootstrapped over loopback."""
+    """This rank's environment in a world of its own (one process per suite rank), bootstrapped
+    over loopback."""
     launcher = ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE")
     env = {
         k: v

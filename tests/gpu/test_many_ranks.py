@@ -108,7 +108,8 @@ def _reference_mesh(layout: torch.Tensor, reference_backend: str):
     # new_group is collective over the default group: every rank creates every group
     dp = [dist.new_group(column.tolist(), backend=reference_backend) for column in layout.T]
     tp = [dist.new_group(row.tolist(), backend=reference_backend) for row in layout]
-    mine = [dp[rank % layout.shape[1]], tp[rank // layout.shape[1]]]
+    row, column = (int(i) for i in (layout == rank).nonzero()[0])
+    mine = [dp[column], tp[row]]
     return DeviceMesh.from_group(mine, "cuda", mesh=layout, mesh_dim_names=("dp", "tp"))
 
 

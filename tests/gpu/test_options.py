@@ -19,6 +19,7 @@ from .helpers import (
     probe_group,
     rank_tensor,
     reference_reduce,
+    ring_peers,
 )
 
 OPTION_SETS = {
@@ -70,11 +71,11 @@ def test_nonblocking_group_runs_every_kind_of_call(rank, world_size):
     """A nonblocking communicator: collectives, p2p, coalescing, a split and a window."""
     options = torch_nccl_core.Options(blocking=False)
     group = dist.new_group(backend="nccl_core", pg_options=options)
-    peer = (rank + 1) % world_size
+    after, before = ring_peers(rank)
     received = torch.zeros(SWEEP_NUMEL, device="cuda")
     ops = [
-        dist.P2POp(dist.isend, rank_tensor(SWEEP_NUMEL, torch.float32, rank), peer, group=group),
-        dist.P2POp(dist.irecv, received, peer, group=group),
+        dist.P2POp(dist.isend, rank_tensor(SWEEP_NUMEL, torch.float32, rank), after, group=group),
+        dist.P2POp(dist.irecv, received, before, group=group),
     ]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
@@ -86,7 +87,7 @@ def test_nonblocking_group_runs_every_kind_of_call(rank, world_size):
     probe = probe_group(group)
     dist.destroy_process_group(child)
     dist.destroy_process_group(group)
-    assert_equal(received, rank_tensor(SWEEP_NUMEL, torch.float32, peer))
+    assert_equal(received, rank_tensor(SWEEP_NUMEL, torch.float32, before))
     assert_equal(*child_probe)
     assert_equal(window_tensor, reference_reduce(all_ranks(SWEEP_NUMEL, torch.float32), "sum"))
     assert_equal(*probe)

@@ -33,7 +33,7 @@ def test_send_recv(rank, dtype, numel):
     expected = rank_tensor(numel, dtype, before)
     received = poisoned(expected)
     mine = rank_tensor(numel, dtype, rank)
-    # even ranks send first, odd ranks receive first: each first op meets its partner's first
+    # even ranks send first, odd ranks receive first, so the ring never waits all the way round
     if rank % 2 == 0:
         dist.send(mine, dst=after)
         source = dist.recv(received, src=before)
@@ -52,7 +52,7 @@ def test_isend_irecv(rank, dtype, numel):
     expected = rank_tensor(numel, dtype, before)
     received = poisoned(expected)
     mine = rank_tensor(numel, dtype, rank)
-    # opposite orders on even and odd ranks, so that each first op meets its partner's first
+    # opposite orders on even and odd ranks, so the ring never waits all the way round
     if rank % 2 == 0:
         works = [dist.isend(mine, dst=after), dist.irecv(received, src=before)]
     else:

@@ -11,14 +11,17 @@ import torch.distributed as dist
 
 import torch_nccl_core
 
-from .helpers import ASYNC_MODES, assert_equal, assert_raised, raised_by, rank_tensor
+from .helpers import ASYNC_MODES, assert_equal, assert_raised, needs_ranks, raised_by, rank_tensor
 
 NUMEL = 4096
 
-pytestmark = pytest.mark.skipif(
-    not hasattr(dist.distributed_c10d, "_new_window"),
-    reason="torch's window API needs torch >= 2.14",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not hasattr(dist.distributed_c10d, "_new_window"),
+        reason="torch's window API needs torch >= 2.14",
+    ),
+    needs_ranks(2),  # every call here targets another rank
+]
 
 
 def _window(group=None, numel: int = 2 * NUMEL, owning: bool = True):
@@ -126,13 +129,13 @@ def test_a_wait_no_signal_meets_fails_at_the_timeout_naming_it(rank, world_size)
     start = time.monotonic()
     error = None
     if rank == 0:
-        work = window.wait_signal(1, True)  # rank 1 never signals
+        work = window.wait_signal(world_size - 1, True)  # the last rank never signals
         try:
             work.wait(timedelta(seconds=30))
         except Exception as e:  # DistBackendError
             error = e
     elapsed = time.monotonic() - start
-    dist.barrier()  # the default group: rank 1 waits here for rank 0's verdict
+    dist.barrier()  # the default group: the other ranks wait here for rank 0's verdict
     dist.destroy_process_group(group)
     if rank == 0:
         assert isinstance(error, dist.DistBackendError), error

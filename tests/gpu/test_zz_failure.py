@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from .helpers import (
     ASYNC_MODES,
+    WORLD_SIZE,
     assert_equal,
     assert_raised,
     needs_ranks,
@@ -116,7 +117,8 @@ def test_a_timeout_extension_carries_a_rank_through_a_late_peer(rank, async_op):
 
     assert_equal(*warm_up)
     assert error is None and after is None, (error, after)
-    assert_equal(tensor, torch.full((1024,), 3.0, device="cuda"))
+    total = WORLD_SIZE * (WORLD_SIZE + 1) / 2  # of rank + 1 over the ranks
+    assert_equal(tensor, torch.full((1024,), total, device="cuda"))
 
 
 @pytest.mark.parametrize("teardown", ["shutdown", "abort"])

@@ -1,5 +1,6 @@
-"""One rank of a two-process world that registers and closes a window CYCLES times, then prints
-what it used: a JSON line with device memory, file descriptors and resources left behind.
+"""One rank of a world of its own (a process per suite rank) that registers and closes a window
+CYCLES times, then prints what it used: a JSON line with device memory, file descriptors and
+resources left behind.
 
 Started by test_communicator.test_window_register_close_cycles_leak_nothing, one process per
 rank, with RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT / NCCL_SOCKET_IFNAME set.
