@@ -101,7 +101,7 @@ def _new_reference_group() -> dist.ProcessGroup:
 
 
 def _exit_unless_same_tests(session: pytest.Session) -> None:
-    """Stop both sessions if the ranks selected different tests: their collectives would hang.
+    """Stop every session if the ranks selected different tests: their collectives would hang.
 
     Compared over a gloo group, so that the check does not depend on the backend under test.
     """

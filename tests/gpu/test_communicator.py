@@ -258,37 +258,42 @@ def test_window_register_close_cycles_leak_nothing(rank, world_size):
 
 @pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter"])
 def test_ops_on_windows_avoid_slow_symmetric_kernels(rank, world_size, op):
-    """Sizes where the ring beats NCCL's symmetric kernels run on the window-free twin."""
-    middle = torch_nccl_core.empty(1 << 20, window=True)  # 4 MiB: symmetric kernels win
-    small = torch_nccl_core.empty(1 << 10, window=True)  # 4 KiB: they gain nothing
-    twin = window_free_twin()
+    """Sizes where the ring beats NCCL's symmetric kernels run on the window-free twin. (The
+    group's copy engine is off: it would take the large reduce-scatter from both.)"""
+    options = torch_nccl_core.Options(copy_engine_reduce_scatter=False)
+    group = dist.new_group(backend="nccl_core", pg_options=options)
+
+    def window_memory(numel: int, data_rank: int | None = None) -> torch.Tensor:
+        tensor = torch_nccl_core.empty(numel, group=group, window=True)
+        if data_rank is not None:
+            tensor.copy_(rank_tensor(numel, torch.float32, data_rank))
+        return tensor
+
+    middle = window_memory(1 << 20, rank)  # 4 MiB: symmetric kernels win
+    small = window_memory(1 << 10, rank)  # 4 KiB: they gain nothing
+    twin = window_free_twin(group)
     numel = 64 << 18  # 64 MiB of float32
     counts = [twin._resource_count()]
-    middle.copy_(rank_tensor(middle.numel(), torch.float32, rank))
-    dist.all_reduce(middle)  # stays with symmetric kernels, on the main communicator
+    dist.all_reduce(middle, group=group)  # stays with symmetric kernels, on the main communicator
     counts.append(twin._resource_count())
-    small.copy_(rank_tensor(small.numel(), torch.float32, rank))
-    dist.all_reduce(small)  # runs on the twin, which registers its memory
+    dist.all_reduce(small, group=group)  # runs on the twin, which registers its memory
     counts.append(twin._resource_count())
     if op == "all_reduce":
-        result = torch_nccl_core.empty(numel, window=True)
-        result.copy_(rank_tensor(numel, torch.float32, rank))
-        dist.all_reduce(result)
+        result = window_memory(numel, rank)
+        dist.all_reduce(result, group=group)
         expected = reference_reduce(all_ranks(numel, torch.float32), "sum")
     elif op == "all_gather":
-        source = torch_nccl_core.empty(numel // world_size, window=True)
-        source.copy_(rank_tensor(source.numel(), torch.float32, rank))
-        result = torch_nccl_core.empty(numel, window=True)
-        dist.all_gather_into_tensor(result, source)
+        result, source = window_memory(numel), window_memory(numel // world_size, rank)
+        dist.all_gather_into_tensor(result, source, group=group)
         expected = concat(all_ranks(numel // world_size, torch.float32))
     else:
-        source = torch_nccl_core.empty(numel, window=True)
-        source.copy_(rank_tensor(numel, torch.float32, rank))
-        result = torch_nccl_core.empty(numel // world_size, window=True)
-        dist.reduce_scatter_tensor(result, source)
+        result, source = window_memory(numel // world_size), window_memory(numel, rank)
+        dist.reduce_scatter_tensor(result, source, group=group)
         full = reference_reduce(all_ranks(numel, torch.float32), "sum")
         expected = full.view(world_size, -1)[rank]
     counts.append(twin._resource_count())
+    torch.cuda.synchronize()
+    dist.destroy_process_group(group)
     assert_equal(middle, reference_reduce(all_ranks(middle.numel(), torch.float32), "sum"))
     assert_equal(small, reference_reduce(all_ranks(small.numel(), torch.float32), "sum"))
     assert_equal(result, expected)

@@ -172,10 +172,10 @@ def test_captured_in_a_cuda_graph_it_leaves_the_op_to_nccl(rank, always):
 def test_aborting_the_group_ends_a_reduce_scatter_its_peer_never_joins(rank):
     """abort() is immediate (destroy would first give the op its timeout to finish)."""
     group = _group(True)
-    _reduce_scatter(group, SWEEP_NUMEL, torch.float32, rank)  # staging made on both ranks
+    _reduce_scatter(group, SWEEP_NUMEL, torch.float32, rank)  # staging made on every rank
     side = torch.cuda.Stream()
     if rank == 0:
-        with torch.cuda.stream(side):  # waits for rank 1's part, which never comes
+        with torch.cuda.stream(side):  # waits for the other ranks' parts, which never come
             dist.reduce_scatter_tensor(
                 torch.empty(SWEEP_NUMEL, device="cuda"),
                 torch.ones(SWEEP_NUMEL * WORLD_SIZE, device="cuda"),

@@ -1,6 +1,6 @@
 """Bad arguments are refused at once with a clear exception, and the group stays usable.
 
-Every rank makes the same bad call, so both refuse it before NCCL is involved; a correct
+Every rank makes the same bad call, so all refuse it before NCCL is involved; a correct
 all_reduce on the same group follows. Where torch.distributed may intercept the call before
 the backend sees it, either exception type is accepted and the message is not checked.
 """

@@ -1,7 +1,7 @@
 """Work semantics: stream ordering, polling, futures, and lifetime of in-flight tensors.
 
-Several tests hold rank 1's GPU in a sleep kernel before the collective: its NCCL kernel then
-starts late, which keeps the op in flight on both ranks long enough for a missing stream
+Several tests hold the last rank's GPU in a sleep kernel before the collective: its NCCL kernel
+then starts late, which keeps the op in flight on every rank long enough for a missing stream
 dependency or an early free to show up as wrong data rather than as luck.
 """
 

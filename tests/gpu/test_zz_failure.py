@@ -59,14 +59,14 @@ def _group_timing_out_after(timeout: timedelta, how: str) -> dist.ProcessGroup:
 @pytest.mark.parametrize("async_op", ASYNC_MODES)
 def test_collective_skipped_by_a_peer_times_out(rank, async_op, how):
     group = _group_timing_out_after(GROUP_TIMEOUT, how)
-    warm_up = probe_group(group)  # the communicator works on both ranks before rank 1 goes quiet
+    warm_up = probe_group(group)  # the communicator works on every rank before the others go quiet
     error = later = None
     elapsed = 0.0
     if rank == 0:
         error, elapsed = _lonely_all_reduce(group, async_op)
         later = raised_by(lambda: dist.all_reduce(torch.ones(8, device="cuda"), group=group))
-    # Rank 1 issues nothing more on `group`; it waits here, on the default group, until rank 0
-    # is done, so that nothing it does to `group` can end rank 0's op early.
+    # The other ranks issue nothing more on `group`; they wait here, on the default group, until
+    # rank 0 is done, so that nothing they do to `group` can end rank 0's op early.
     dist.barrier()
     default_group = probe_group()
     dist.destroy_process_group(group)
