@@ -58,12 +58,6 @@ def needs_ranks(count: int) -> pytest.MarkDecorator:
     )
 
 
-# Fault scenarios that script each rank's part (which one dies, which one goes quiet) for two.
-TWO_RANKS_ONLY = pytest.mark.skipif(
-    WORLD_SIZE != 2, reason="its scenarios script the parts of exactly two ranks"
-)
-
-
 def ring_peers(rank: int) -> tuple[int, int]:
     """(next, previous): the rank this one sends to in a ring and the one it receives from (the
     same rank in a world of two)."""
@@ -275,9 +269,9 @@ def register_close_cycles(
     }
 
 
-def _child_world_env(rank: int, port: int) -> dict[str, str]:
-    """This rank's environment in a world of its own (one process per suite rank), bootstrapped
-    over loopback."""
+def _child_world_env(rank: int, world: int, port: int) -> dict[str, str]:
+    """This rank's environment in a world of its own of `world` processes, bootstrapped over
+    loopback."""
     launcher = ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE")
     env = {
         k: v
@@ -286,7 +280,7 @@ def _child_world_env(rank: int, port: int) -> dict[str, str]:
     }
     env.update(
         RANK=str(rank),
-        WORLD_SIZE=str(WORLD_SIZE),
+        WORLD_SIZE=str(world),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
         NCCL_SOCKET_IFNAME="lo",
@@ -295,26 +289,34 @@ def _child_world_env(rank: int, port: int) -> dict[str, str]:
 
 
 def run_child_world(
-    rank: int, script: os.PathLike, args: Sequence[str], timeout_s: float
-) -> subprocess.CompletedProcess:
-    """Runs `script` as this rank of a world of its own (one child per suite rank, joined over
-    loopback); a child still running after `timeout_s` is killed and reported as rc -9.
+    rank: int, script: os.PathLike, args: Sequence[str], timeout_s: float, world: int = WORLD_SIZE
+) -> subprocess.CompletedProcess | None:
+    """Runs `script` as this rank of a world of its own, of the suite's first `world` ranks
+    (one child each, joined over loopback); a child still running after `timeout_s` is killed
+    and reported as rc -9. None on the ranks outside that world.
 
-    Collective over the default group: every rank calls it with the same script."""
+    Collective over the default group: every rank calls it with the same script, and returns
+    once every child has ended (so no rank runs ahead into the next test's collectives)."""
     port = torch.zeros(1, dtype=torch.int64, device="cuda")
     if rank == 0:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port.fill_(probe.getsockname()[1])
     dist.broadcast(port, src=0)
-    command = [sys.executable, str(script), *args]
-    env = _child_world_env(rank, int(port.item()))
-    try:
-        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired as expired:
-        return subprocess.CompletedProcess(
-            command, -9, _text(expired.stdout), _text(expired.stderr) + "\n[killed: timed out]"
-        )
+    child = None
+    if rank < world:
+        command = [sys.executable, str(script), *args]
+        env = _child_world_env(rank, world, int(port.item()))
+        try:
+            child = subprocess.run(
+                command, env=env, capture_output=True, text=True, timeout=timeout_s
+            )
+        except subprocess.TimeoutExpired as expired:
+            child = subprocess.CompletedProcess(
+                command, -9, _text(expired.stdout), _text(expired.stderr) + "\n[killed: timed out]"
+            )
+    dist.barrier()
+    return child
 
 
 def _text(output: bytes | str | None) -> str:

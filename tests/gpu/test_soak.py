@@ -24,9 +24,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from .helpers import TWO_RANKS_ONLY
+from .helpers import needs_ranks
 
-pytestmark = TWO_RANKS_ONLY
+pytestmark = needs_ranks(2)  # rank 0 runs the soak's own two workers, on GPUs 0 and 1
 
 SCRIPT = pathlib.Path(__file__).resolve().parent / "soak_world.py"
 CYCLES = int(os.environ.get("NCCL_CORE_SOAK_CYCLES", "12"))
