@@ -30,6 +30,28 @@ def _timing_events(count: int) -> list[torch.cuda.Event]:
     return [torch.cuda.Event(enable_timing=True) for _ in range(count)]
 
 
+class Agreement:
+    """Whether every rank is done, agreed without blocking on the slowest: each round starts an
+    all-reduce of this rank's state over the CPU group and reads the previous round's, so every
+    rank answers True in the same round (the one after the last rank got done)."""
+
+    def __init__(self):
+        self.previous: tuple[dist.Work, torch.Tensor] | None = None
+
+    def all_done(self, done: bool) -> bool:
+        busy = torch.tensor([0.0 if done else 1.0], dtype=torch.float64)
+        work = dist.all_reduce(busy, op=dist.ReduceOp.MAX, async_op=True)
+        previous, self.previous = self.previous, (work, busy)
+        if previous is None:
+            return False
+        previous[0].wait()
+        if previous[1].item() != 0.0:
+            return False
+        work.wait()  # every started all-reduce ends here
+        self.previous = None
+        return True
+
+
 class MatmulBeside:
     """A loop of `n` x `n` bf16 matmuls on a side stream beside calls of `fn` on the current one.
 
@@ -92,27 +114,18 @@ class MatmulBeside:
 
     def under_calls(self, matmuls: int) -> float:
         """Seconds of `matmuls` matmuls with calls beside them until every rank's matmuls are
-        done. The ranks agree without pausing the calls: after each chunk a rank starts an
-        all-reduce of whether it is still busy over the CPU group and reads the previous
-        chunk's, so every rank stops after the same chunk."""
+        done (agreed without pausing the calls, so every rank makes the same calls)."""
         assert matmuls > 0
         self._settle()
         rank_max(0.0)  # start together
         start, self.last = _timing_events(2)
         start.record(self.side)
         self.left = matmuls
-        previous = None
+        agreement = Agreement()
         while True:
             self._chunk(CHUNK, [])
-            mine = self.left > 0 or not self.last.query()
-            busy = torch.tensor([float(mine)], dtype=torch.float64)
-            work = dist.all_reduce(busy, op=dist.ReduceOp.MAX, async_op=True)
-            if previous is not None:
-                previous[0].wait()
-                if previous[1].item() == 0.0:
-                    work.wait()
-                    break
-            previous = (work, busy)
+            if agreement.all_done(self.left == 0 and self.last.query()):
+                break
         self._settle()
         return _seconds(start, self.last)
 

@@ -114,3 +114,38 @@ def test_overlap_rows_carry_the_matmul_slowdown(tmp_path):
     assert "b matmul slowdown %" in text and "| 12.00 [10.00, 14.00] |" in text
     eager = next(line for line in text.splitlines() if line.startswith("| all_gather"))
     assert eager.endswith("|  |")  # the eager row has no slowdown: an empty cell
+
+
+AGREEMENT_SCRIPT = """
+import torch
+import torch.distributed as dist
+from benchmarks.overlap import Agreement
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+calls = dist.new_group(backend="gloo")  # the collectives beside, on a group of their own
+agreement, rounds = Agreement(), 0
+while True:
+    rounds += 1
+    dist.all_reduce(torch.ones(1), group=calls)
+    if agreement.all_done(rounds >= 3 * rank + 1):  # the last rank is done last
+        break
+answers = [None] * world
+dist.all_gather_object(answers, rounds)
+if rank == 0:
+    print("rounds", answers)
+dist.destroy_process_group()
+"""
+
+
+def test_overlap_ranks_agree_to_stop_in_the_same_round(tmp_path):
+    """The overlap mode's matmul loop ends when every rank is done, agreed without pausing the
+    calls beside it: every rank must stop after the same round (else their calls would not
+    match up), the one after the last rank got done."""
+    script = tmp_path / "agreement.py"
+    script.write_text(AGREEMENT_SCRIPT)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=3", str(script)]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "rounds [8, 8, 8]" in result.stdout, result.stdout[-2000:]
