@@ -30,6 +30,7 @@ from .helpers import (
     rank_tensor,
     reduce_cases,
     reference_reduce,
+    ring_peers,
 )
 
 MIB = 1 << 20
@@ -135,7 +136,7 @@ def test_user_signals_are_not_taken_by_it(rank, world_size, always):
     window_memory = torch_nccl_core.empty(SWEEP_NUMEL, group=always, window=True)
     window = comm.find_window(window_memory)
     source = rank_tensor(SWEEP_NUMEL, torch.float32, rank)
-    peer, previous = (rank + 1) % world_size, (rank - 1) % world_size
+    peer, previous = ring_peers(rank)
     comm.put_signal(source, peer, window)
     output, expected = _reduce_scatter(always, 4097, torch.float32, rank)
     comm.wait_signal(torch_nccl_core.WaitSignalDesc(previous))

@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch_nccl_core
 from torch_nccl_core import WaitSignalDesc, WindowFlag
 
-from .helpers import assert_equal, needs_ranks, rank_tensor
+from .helpers import assert_equal, needs_ranks, rank_tensor, ring_peers
 
 NUMEL = 4096
 
@@ -27,7 +27,7 @@ def _window(numel: int = 4 * NUMEL, flags: WindowFlag = WindowFlag.DEFAULT):
 def test_put_signal_ring(rank, world_size, stream_kind):
     comm = torch_nccl_core.communicator()
     buf, window = _window()
-    peer, source = (rank + 1) % world_size, (rank - 1) % world_size
+    peer, source = ring_peers(rank)
     side = torch.cuda.Stream()
     stream = {
         "current": None,
@@ -56,7 +56,7 @@ def test_put_signal_from_window_memory(rank, world_size, flags):
     """A source inside a window lands too (NCCL >= 2.29 reads symmetric ones in place)."""
     comm = torch_nccl_core.communicator()
     buf, window = _window(flags=flags)
-    peer, source = (rank + 1) % world_size, (rank - 1) % world_size
+    peer, source = ring_peers(rank)
     buf[:NUMEL].copy_(rank_tensor(NUMEL, torch.float32, rank))
     comm.put_signal(buf[:NUMEL], peer, window, offset=NUMEL)
     comm.wait_signal(WaitSignalDesc(source))
@@ -71,7 +71,7 @@ def test_signals_count(rank, world_size):
     """Several puts, one wait of op_count=n; then waits in a loop."""
     comm = torch_nccl_core.communicator()
     buf, window = _window()
-    peer, source = (rank + 1) % world_size, (rank - 1) % world_size
+    peer, source = ring_peers(rank)
     parts = 4
     for i in range(parts):
         chunk = rank_tensor(NUMEL // parts, torch.float32, rank, salt=i)

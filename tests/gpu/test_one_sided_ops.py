@@ -24,13 +24,13 @@ def _window() -> torch.Tensor:
 @needs_ranks(2)  # one-sided ops go to another rank
 def test_ops_eager_exchange(rank, world_size):
     window = _window()
-    peer = (rank + 1) % world_size
-    ops.put_signal(rank_tensor(NUMEL, torch.float32, rank), window, peer)
-    ops.wait_signal(window, (rank - 1) % world_size)
+    after, before = ring_peers(rank)
+    ops.put_signal(rank_tensor(NUMEL, torch.float32, rank), window, after)
+    ops.wait_signal(window, before)
     received = window.clone()
     torch.cuda.synchronize()
     dist.barrier()
-    assert_equal(received, rank_tensor(NUMEL, torch.float32, (rank - 1) % world_size))
+    assert_equal(received, rank_tensor(NUMEL, torch.float32, before))
 
 
 @needs_ranks(2)  # one-sided ops go to another rank

@@ -11,7 +11,15 @@ import torch.distributed as dist
 
 import torch_nccl_core
 
-from .helpers import ASYNC_MODES, assert_equal, assert_raised, needs_ranks, raised_by, rank_tensor
+from .helpers import (
+    ASYNC_MODES,
+    assert_equal,
+    assert_raised,
+    needs_ranks,
+    raised_by,
+    rank_tensor,
+    ring_peers,
+)
 
 NUMEL = 4096
 
@@ -36,7 +44,7 @@ def _window(group=None, numel: int = 2 * NUMEL, owning: bool = True):
 @pytest.mark.parametrize("async_op", ASYNC_MODES)
 def test_put_then_wait_signal_delivers_the_peers_data(rank, world_size, async_op):
     buf, window = _window()
-    peer, source = (rank + 1) % world_size, (rank - 1) % world_size
+    peer, source = ring_peers(rank)
     src = rank_tensor(NUMEL, torch.float32, rank)  # ordinary CUDA memory
     put = window.put(src, peer, NUMEL, async_op)
     waited = window.wait_signal(source, async_op)
@@ -61,7 +69,7 @@ def test_put_then_wait_signal_delivers_the_peers_data(rank, world_size, async_op
 def test_signals_count_and_order_puts(rank, world_size):
     """Three puts, then three waits: each wait consumes one signal, all data is visible."""
     buf, window = _window(numel=4 * NUMEL)
-    peer, source = (rank + 1) % world_size, (rank - 1) % world_size
+    peer, source = ring_peers(rank)
     for k in range(3):
         window.put(rank_tensor(NUMEL, torch.float32, rank, salt=k), peer, k * NUMEL, False)
     for _ in range(3):
@@ -86,7 +94,7 @@ def _signal_inside_a_coalescing_block(window, peer, device):
 
 def test_window_refuses_bad_input_and_stays_usable(rank, world_size, device):
     buf, window = _window()
-    peer, source = (rank + 1) % world_size, (rank - 1) % world_size
+    peer, source = ring_peers(rank)
     src = rank_tensor(NUMEL, torch.float32, rank)
     errors = []
     for call in (
