@@ -316,7 +316,6 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
     c10::cuda::CUDAStream current;
     bool capturing;
     const SyncOpDetail* oneSided;               // LaunchOptions::oneSided
-    const ReduceScatterCall* copyEngineCall;    // LaunchOptions::copyEngine
     std::optional<size_t> trace = std::nullopt; // its flight recorder entry
   };
   // Routes the op (one look at its tensors) and numbers it.

@@ -73,18 +73,18 @@ CommRoutes::~CommRoutes() {
   }
 }
 
-CopyEngineReduceScatter* CommRoutes::copyEngineFor(const RouteQuery& query) {
-  if (query.copyEngine == nullptr || query.coalescing || !copyEngine_) {
-    return nullptr;
+std::optional<CopyEngineRun>
+CommRoutes::copyEngineFor(const RouteQuery& query) {
+  if (query.copyEngine == nullptr || query.coalescing || !copyEngine_ ||
+      !copyEngine_->suits(
+          *query.copyEngine, copyEngineSetting_ == true, query.capturing)) {
+    return std::nullopt;
   }
-  return copyEngine_->suits(
-             *query.copyEngine, copyEngineSetting_ == true, query.capturing)
-             ? copyEngine_.get()
-             : nullptr;
+  return CopyEngineRun{*copyEngine_, *query.copyEngine};
 }
 
 Route CommRoutes::route(const RouteQuery& query) {
-  if (CopyEngineReduceScatter* copyEngine = copyEngineFor(query)) {
+  if (std::optional<CopyEngineRun> copyEngine = copyEngineFor(query)) {
     return Route{*comm_, copyEngine};
   }
   // Most groups have no symmetric window, hence no twin: one atomic load.

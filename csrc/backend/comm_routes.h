@@ -43,10 +43,20 @@ struct RouteQuery {
   bool coalescing = false; // every op of an NCCL group runs on one comm
 };
 
+// A reduce-scatter the copy engine runs in NCCL's place.
+struct CopyEngineRun {
+  CopyEngineReduceScatter& engine;
+  const ReduceScatterCall& call;
+
+  void enqueue(cudaStream_t stream) const {
+    engine.enqueue(call, stream);
+  }
+};
+
 // Where an op runs, settled by one look at its tensors.
 struct Route {
   Communicator& comm; // the group's communicator or its twin
-  CopyEngineReduceScatter* copyEngine = nullptr; // set: NCCL runs nothing
+  std::optional<CopyEngineRun> copyEngine; // set: NCCL runs nothing
   // NCCL memory of the op's to register with `comm` before it runs.
   c10::SmallVector<Allocation, 2> toRegister;
 };
@@ -111,8 +121,8 @@ class CommRoutes final : public CommunicatorListener,
     std::shared_ptr<Communicator> twin;
   };
   Lookup lookUp(const Found& found) const;
-  // The copy engine when it suits `query`.
-  CopyEngineReduceScatter* copyEngineFor(const RouteQuery& query);
+  // The copy engine's run of `query` when it suits it.
+  std::optional<CopyEngineRun> copyEngineFor(const RouteQuery& query);
 
   const std::shared_ptr<Communicator> comm_;
   const std::shared_ptr<EventPool> events_;

@@ -26,15 +26,14 @@ void enqueueChecked(
     const std::string& group,
     EnqueueFn enqueue,
     const c10::cuda::CUDAStream& stream,
-    const ReduceScatterCall* copyEngineCall,
     OpTiming* timing = nullptr) {
   try {
     const Communicator::Use use = route.comm.use();
     if (timing) {
       timing->start.record(stream);
     }
-    if (route.copyEngine != nullptr) {
-      route.copyEngine->enqueue(*copyEngineCall, stream.stream());
+    if (route.copyEngine) {
+      route.copyEngine->enqueue(stream.stream());
     } else {
       route.comm.check(enqueue(use.handle(), stream.stream()), info.name);
     }
@@ -145,8 +144,7 @@ NcclCoreBackend::OpPlan NcclCoreBackend::prepare(
           ephemeral_->active(),
       current,
       capturing,
-      oneSided,
-      launchOptions.copyEngine};
+      oneSided};
 }
 
 void NcclCoreBackend::beforeEnqueue(OpPlan& plan) {
@@ -170,13 +168,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::runSync(
   // Lean path: the caller's stream already orders everything.
   std::unique_ptr<OpTiming> timing = timingFor(plan);
   enqueueChecked(
-      plan.route,
-      plan.info,
-      *groupName_,
-      enqueue,
-      plan.current,
-      plan.copyEngineCall,
-      timing.get());
+      plan.route, plan.info, *groupName_, enqueue, plan.current, timing.get());
   if (!plan.capturing) {
     watchdog_->noteSyncOp(
         plan.current.stream(), plan.info.name, plan.info.seq, plan.oneSided);
@@ -264,14 +256,7 @@ void NcclCoreBackend::enqueueOnInternalStream(
     OpTiming* timing) {
   // Temporaries made while enqueueing belong to the internal stream.
   const c10::cuda::CUDAStreamGuard guard(*stream_);
-  enqueueChecked(
-      plan.route,
-      plan.info,
-      *groupName_,
-      enqueue,
-      *stream_,
-      plan.copyEngineCall,
-      timing);
+  enqueueChecked(plan.route, plan.info, *groupName_, enqueue, *stream_, timing);
 }
 
 std::unique_ptr<OpTiming> NcclCoreBackend::timingFor(const OpPlan& plan) const {

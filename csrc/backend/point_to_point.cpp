@@ -114,33 +114,39 @@ std::vector<at::Tensor> rootListOf(
   return lists.front();
 }
 
+constexpr const char* kAllToAll = "alltoall_base";
+
+// Per-rank element counts of an all-to-all side without splits: equal parts.
+std::vector<int64_t>
+evenCounts(const at::Tensor& tensor, int worldSize, const char* what) {
+  NCCL_CORE_CHECK_ARG(
+      tensor.numel() % worldSize == 0,
+      kAllToAll,
+      what,
+      " has ",
+      tensor.numel(),
+      " elements, not divisible by the world size ",
+      worldSize);
+  return std::vector<int64_t>(worldSize, tensor.numel() / worldSize);
+}
+
 // Per-rank element counts of an all-to-all side, split along dim 0.
 std::vector<int64_t> splitCounts(
     const at::Tensor& tensor,
     const std::vector<int64_t>& splits,
     int worldSize,
     const char* what) {
-  constexpr const char* kOp = "alltoall_base";
-  NCCL_CORE_CHECK_ARG(
-      tensor.dim() >= 1 || splits.empty(), kOp, what, " splits need a dim 0");
-  const int64_t rows = tensor.dim() >= 1 ? tensor.size(0) : tensor.numel();
-  const int64_t rowElems = rows == 0 ? 0 : tensor.numel() / rows;
-  std::vector<int64_t> counts(worldSize);
   if (splits.empty()) {
-    NCCL_CORE_CHECK_ARG(
-        tensor.numel() % worldSize == 0,
-        kOp,
-        what,
-        " has ",
-        tensor.numel(),
-        " elements, not divisible by the world size ",
-        worldSize);
-    std::fill(counts.begin(), counts.end(), tensor.numel() / worldSize);
-    return counts;
+    return evenCounts(tensor, worldSize, what);
   }
   NCCL_CORE_CHECK_ARG(
+      tensor.dim() >= 1, kAllToAll, what, " splits need a dim 0");
+  const int64_t rows = tensor.size(0);
+  const int64_t rowElems = rows == 0 ? 0 : tensor.numel() / rows;
+  std::vector<int64_t> counts(worldSize);
+  NCCL_CORE_CHECK_ARG(
       static_cast<int>(splits.size()) == worldSize,
-      kOp,
+      kAllToAll,
       "expected one ",
       what,
       " split per rank (",
@@ -150,13 +156,17 @@ std::vector<int64_t> splitCounts(
   int64_t total = 0;
   for (int r = 0; r < worldSize; ++r) {
     NCCL_CORE_CHECK_ARG(
-        splits[r] >= 0, kOp, what, " splits must be >= 0, got ", splits[r]);
+        splits[r] >= 0,
+        kAllToAll,
+        what,
+        " splits must be >= 0, got ",
+        splits[r]);
     // Overflow-checked: a split near INT64_MAX must not wrap into a sum
     // that matches dim 0.
     NCCL_CORE_CHECK_ARG(
         !c10::add_overflows(total, splits[r], &total) &&
             !c10::mul_overflows(splits[r], rowElems, &counts[r]),
-        kOp,
+        kAllToAll,
         what,
         " splits overflow int64 (split ",
         r,
@@ -166,7 +176,7 @@ std::vector<int64_t> splitCounts(
   }
   NCCL_CORE_CHECK_ARG(
       total == rows,
-      kOp,
+      kAllToAll,
       what,
       " splits sum to ",
       total,
