@@ -189,7 +189,13 @@ void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
   // Read under the lock that setTimeout takes: neither misses a new timeout.
   std::lock_guard<std::mutex> timeoutLock(timeoutMutex_);
   routes_ = CommRoutes::attach(
-      comm_, events_, autoRegister_, options_->copyEngineReduceScatter);
+      comm_,
+      events_,
+      autoRegister_,
+      options_->copyEngineReduceScatter,
+      options_->oneShotAllReduce.value_or(
+          c10::utils::check_env("TORCH_NCCL_CORE_ONE_SHOT_ALL_REDUCE")
+              .value_or(false)));
   routes_->setTimeout(timeout_.load());
   watchdog_ = std::make_unique<Watchdog>(
       comm_,

@@ -59,6 +59,8 @@ struct LaunchOptions {
   const SyncOpDetail* oneSided = nullptr;
   // A reduce-scatter the copy engine may run in NCCL's place (CommRoutes).
   const ReduceScatterCall* copyEngine = nullptr;
+  // An all-reduce the one-shot kernel may run in NCCL's place (CommRoutes).
+  const AllReduceCall* oneShot = nullptr;
 
   static LaunchOptions withPeer(int peer) {
     LaunchOptions options;

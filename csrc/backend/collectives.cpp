@@ -87,6 +87,11 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce(
   deviceForOp(tensor, kOp, "tensor");
   const NcclBuffer buf = bufferOf(tensor, kOp);
   const NcclReduceOp op(opts.reduceOp, tensor, *comm_, kOp);
+  LaunchOptions options = LaunchOptions::routed(op.isBuiltin());
+  const AllReduceCall oneShotCall{tensor, opts.reduceOp.op_};
+  if (op.isBuiltin()) {
+    options.oneShot = &oneShotCall;
+  }
   return launch(
       c10d::OpType::ALLREDUCE,
       kOp,
@@ -99,7 +104,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce(
         return nccl().allReduce(
             buf.ptr, buf.ptr, buf.count, buf.dtype, op.get(), comm, stream);
       },
-      LaunchOptions::routed(op.isBuiltin()));
+      options);
 }
 
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce_coalesced(

@@ -38,9 +38,10 @@ std::shared_ptr<CommRoutes> CommRoutes::attach(
     std::shared_ptr<Communicator> comm,
     std::shared_ptr<EventPool> events,
     bool autoRegister,
-    std::optional<bool> copyEngine) {
+    std::optional<bool> copyEngine,
+    bool oneShot) {
   std::shared_ptr<CommRoutes> routes(new CommRoutes(
-      std::move(comm), std::move(events), autoRegister, copyEngine));
+      std::move(comm), std::move(events), autoRegister, copyEngine, oneShot));
   routes->comm_->setListener(routes);
   addAllocationObserver(routes);
   return routes;
@@ -50,7 +51,8 @@ CommRoutes::CommRoutes(
     std::shared_ptr<Communicator> comm,
     std::shared_ptr<EventPool> events,
     bool autoRegister,
-    std::optional<bool> copyEngine)
+    std::optional<bool> copyEngine,
+    bool oneShot)
     : comm_(std::move(comm)),
       events_(std::move(events)),
       autoRegister_(autoRegister),
@@ -58,10 +60,18 @@ CommRoutes::CommRoutes(
       copyEngine_(
           copyEngine == false
               ? nullptr
-              : std::make_unique<CopyEngineReduceScatter>(*comm_, *events_)) {}
+              : std::make_unique<CopyEngineReduceScatter>(*comm_, *events_)),
+      oneShot_(
+          oneShot ? std::make_unique<OneShotAllReduce>(*comm_, *events_)
+                  : nullptr) {}
+
+bool CommRoutes::hasStaging() const {
+  return (copyEngine_ && copyEngine_->hasStaging()) ||
+         (oneShot_ && oneShot_->hasStaging());
+}
 
 CommRoutes::~CommRoutes() {
-  if (copyEngine_ && copyEngine_->hasStaging()) {
+  if (hasStaging()) {
     // The peers map the staging through the communicator's window: it is
     // drained and unmapped before it is freed. The group's teardown aborts
     // first (with the watchdog stopped); this guards an owner that did not.
@@ -69,23 +79,31 @@ CommRoutes::~CommRoutes() {
     // An abort already under way is waited for, and the drain repeated, as
     // that one could not tell this object.
     comm_->abort(*this);
-    copyEngine_->drain();
+    aborting();
   }
 }
 
-std::optional<CopyEngineRun>
-CommRoutes::copyEngineFor(const RouteQuery& query) {
-  if (query.copyEngine == nullptr || query.coalescing || !copyEngine_ ||
-      !copyEngine_->suits(
-          *query.copyEngine, copyEngineSetting_ == true, query.capturing)) {
-    return std::nullopt;
+EngineRun CommRoutes::engineFor(const RouteQuery& query) {
+  if (query.coalescing) {
+    return nullptr;
   }
-  return CopyEngineRun{*copyEngine_, *query.copyEngine};
+  if (query.copyEngine && copyEngine_ &&
+      copyEngine_->suits(
+          *query.copyEngine, copyEngineSetting_ == true, query.capturing)) {
+    return [engine = copyEngine_.get(), call = query.copyEngine](
+               cudaStream_t stream) { engine->enqueue(*call, stream); };
+  }
+  if (query.oneShot && oneShot_ &&
+      oneShot_->suits(*query.oneShot, query.capturing)) {
+    return [engine = oneShot_.get(), call = query.oneShot](
+               cudaStream_t stream) { engine->enqueue(*call, stream); };
+  }
+  return nullptr;
 }
 
 Route CommRoutes::route(const RouteQuery& query) {
-  if (std::optional<CopyEngineRun> copyEngine = copyEngineFor(query)) {
-    return Route{*comm_, copyEngine};
+  if (EngineRun engine = engineFor(query)) {
+    return Route{*comm_, std::move(engine)};
   }
   // Most groups have no symmetric window, hence no twin: one atomic load.
   const bool mayMove = query.routable && !query.coalescing &&
@@ -238,6 +256,9 @@ void CommRoutes::windowRegistered(const std::shared_ptr<Window>& window) {
 void CommRoutes::aborting() noexcept {
   if (copyEngine_) {
     copyEngine_->drain();
+  }
+  if (oneShot_) {
+    oneShot_->drain();
   }
   if (const auto twin = this->twin()) {
     twin->abort();

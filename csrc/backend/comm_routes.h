@@ -6,7 +6,9 @@
 //   (collectively) with the first symmetric window. It holds no windows, so
 //   ops that NCCL's symmetric kernels would slow down (routing.h) run there,
 //   on buffer-registered memory.
-// - The copy engine's reduce-scatter (copy_engine_reduce_scatter.h).
+// - The copy engine's reduce-scatter (copy_engine_reduce_scatter.h) and the
+//   one-shot all-reduce (one_shot_all_reduce.h): engines of the backend's
+//   own that run an op in NCCL's place.
 // - Automatic registration (TORCH_NCCL_CORE_AUTO_REGISTER): NCCL memory an op
 //   touches is registered with the communicator that runs it, once.
 #pragma once
@@ -17,6 +19,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <shared_mutex>
@@ -25,6 +28,7 @@
 
 #include "backend/copy_engine_reduce_scatter.h"
 #include "backend/event_pool.h"
+#include "backend/one_shot_all_reduce.h"
 #include "nccl/allocations.h"
 #include "nccl/communicator.h"
 
@@ -41,22 +45,18 @@ struct RouteQuery {
   const ReduceScatterCall* copyEngine = nullptr;
   bool capturing = false;
   bool coalescing = false; // every op of an NCCL group runs on one comm
+  // An all-reduce the one-shot kernel may run instead of NCCL.
+  const AllReduceCall* oneShot = nullptr;
 };
 
-// A reduce-scatter the copy engine runs in NCCL's place.
-struct CopyEngineRun {
-  CopyEngineReduceScatter& engine;
-  const ReduceScatterCall& call;
-
-  void enqueue(cudaStream_t stream) const {
-    engine.enqueue(call, stream);
-  }
-};
+// An op that one of the backend's own engines runs in NCCL's place,
+// enqueued on the given stream.
+using EngineRun = std::function<void(cudaStream_t)>;
 
 // Where an op runs, settled by one look at its tensors.
 struct Route {
   Communicator& comm; // the group's communicator or its twin
-  std::optional<CopyEngineRun> copyEngine; // set: NCCL runs nothing
+  EngineRun engine;   // set: NCCL runs nothing
   // NCCL memory of the op's to register with `comm` before it runs.
   c10::SmallVector<Allocation, 2> toRegister;
 };
@@ -66,15 +66,17 @@ class CommRoutes final : public CommunicatorListener,
                          public std::enable_shared_from_this<CommRoutes> {
  public:
   // Routes for `comm`'s ops, told of its windows and of its abort from now
-  // on. `copyEngine` is Options.copy_engine_reduce_scatter (unset: by size).
+  // on. `copyEngine` is Options.copy_engine_reduce_scatter (unset: by size),
+  // `oneShot` whether the one-shot all-reduce may run.
   static std::shared_ptr<CommRoutes> attach(
       std::shared_ptr<Communicator> comm,
       std::shared_ptr<EventPool> events,
       bool autoRegister,
-      std::optional<bool> copyEngine);
+      std::optional<bool> copyEngine,
+      bool oneShot);
   CommRoutes(const CommRoutes&) = delete;
   CommRoutes& operator=(const CommRoutes&) = delete;
-  // Aborts the communicator first if it still maps the copy engine's staging.
+  // Aborts the communicator first if it still maps an engine's staging.
   ~CommRoutes() override;
 
   Route route(const RouteQuery& query);
@@ -97,7 +99,8 @@ class CommRoutes final : public CommunicatorListener,
       std::shared_ptr<Communicator> comm,
       std::shared_ptr<EventPool> events,
       bool autoRegister,
-      std::optional<bool> copyEngine);
+      std::optional<bool> copyEngine,
+      bool oneShot);
 
   // What is known of one NCCL allocation, by id.
   struct Memory {
@@ -121,8 +124,10 @@ class CommRoutes final : public CommunicatorListener,
     std::shared_ptr<Communicator> twin;
   };
   Lookup lookUp(const Found& found) const;
-  // The copy engine's run of `query` when it suits it.
-  std::optional<CopyEngineRun> copyEngineFor(const RouteQuery& query);
+  // An engine's run of `query` when one suits it.
+  EngineRun engineFor(const RouteQuery& query);
+  // Whether an engine's staging is mapped by the peers.
+  bool hasStaging() const;
 
   const std::shared_ptr<Communicator> comm_;
   const std::shared_ptr<EventPool> events_;
@@ -138,8 +143,9 @@ class CommRoutes final : public CommunicatorListener,
   std::unordered_map<uint64_t, Memory> memory_;
   std::shared_ptr<Communicator> twin_;
   std::atomic<bool> hasTwin_{false}; // twin_ set: a lock-free look per op
-  // Null where the options turn the copy engine off.
+  // Null where the options turn them off.
   const std::unique_ptr<CopyEngineReduceScatter> copyEngine_;
+  const std::unique_ptr<OneShotAllReduce> oneShot_;
 };
 
 } // namespace nccl_core

@@ -32,8 +32,8 @@ void enqueueChecked(
     if (timing) {
       timing->start.record(stream);
     }
-    if (route.copyEngine) {
-      route.copyEngine->enqueue(stream.stream());
+    if (route.engine) {
+      route.engine(stream.stream());
     } else {
       route.comm.check(enqueue(use.handle(), stream.stream()), info.name);
     }
@@ -134,7 +134,8 @@ NcclCoreBackend::OpPlan NcclCoreBackend::prepare(
           launchOptions.routable,
           launchOptions.copyEngine,
           capturing,
-          coalescing_});
+          coalescing_,
+          launchOptions.oneShot});
   const SyncOpDetail* oneSided = launchOptions.oneSided;
   return OpPlan{
       OpInfo{type, name, ++seq_, oneSided && oneSided->waitsOnPeers},

@@ -26,6 +26,11 @@ struct NcclCoreOptions {
   // reachable: unset = from the measured size up, true = at every size,
   // false = never (backend/copy_engine_reduce_scatter.h).
   std::optional<bool> copyEngineReduceScatter;
+  // All-reduce of up to 256 KiB through the one-shot kernel where every peer
+  // is load/store reachable: unset = TORCH_NCCL_CORE_ONE_SHOT_ALL_REDUCE
+  // (default off: its crossover with NCCL is still to be measured on 2+
+  // GPUs), true = on, false = never (backend/one_shot_all_reduce.h).
+  std::optional<bool> oneShotAllReduce;
 
   // Raises ValueError for out-of-range values.
   void validate() const;

@@ -76,6 +76,8 @@ std::string repr(const NcclCoreOptions& o) {
       optStr(o.commName),
       ", copy_engine_reduce_scatter=",
       opt(o.copyEngineReduceScatter),
+      ", one_shot_all_reduce=",
+      opt(o.oneShotAllReduce),
       ")");
 }
 
@@ -92,6 +94,12 @@ bounded by the timeout and abortable.
 ``copy_engine_reduce_scatter``: ``reduce_scatter_tensor`` through the copy
 engine where every peer is load/store reachable; ``None`` from 32 MiB of
 output (where it was measured faster), ``True`` at every size, ``False``
+never.
+``one_shot_all_reduce``: ``all_reduce`` of up to 256 KiB in one kernel of
+this package's own where every peer is load/store reachable (sum, product,
+min, max, avg; floating and integer dtypes; anything else goes to NCCL);
+``None`` follows ``TORCH_NCCL_CORE_ONE_SHOT_ALL_REDUCE`` (default off until
+its crossover with NCCL is measured on 2+ GPUs), ``True`` on, ``False``
 never.)")
       .def(
           py::init([](std::optional<std::chrono::milliseconds> timeout,
@@ -103,7 +111,8 @@ never.)")
                       std::optional<std::string> netName,
                       std::optional<bool> splitShare,
                       std::optional<std::string> commName,
-                      std::optional<bool> copyEngineReduceScatter) {
+                      std::optional<bool> copyEngineReduceScatter,
+                      std::optional<bool> oneShotAllReduce) {
             auto o = std::make_shared<NcclCoreOptions>();
             o->timeout = timeout;
             o->highPriorityStream = highPriorityStream;
@@ -115,6 +124,7 @@ never.)")
             o->splitShare = splitShare;
             o->commName = std::move(commName);
             o->copyEngineReduceScatter = copyEngineReduceScatter;
+            o->oneShotAllReduce = oneShotAllReduce;
             o->validate();
             return o;
           }),
@@ -128,7 +138,8 @@ never.)")
           py::arg("net_name") = py::none(),
           py::arg("split_share") = py::none(),
           py::arg("comm_name") = py::none(),
-          py::arg("copy_engine_reduce_scatter") = py::none())
+          py::arg("copy_engine_reduce_scatter") = py::none(),
+          py::arg("one_shot_all_reduce") = py::none())
       .def_readwrite("timeout", &NcclCoreOptions::timeout)
       .def_readwrite(
           "high_priority_stream", &NcclCoreOptions::highPriorityStream)
@@ -142,6 +153,7 @@ never.)")
       .def_readwrite(
           "copy_engine_reduce_scatter",
           &NcclCoreOptions::copyEngineReduceScatter)
+      .def_readwrite("one_shot_all_reduce", &NcclCoreOptions::oneShotAllReduce)
       .def("__repr__", &repr);
 }
 

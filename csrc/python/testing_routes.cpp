@@ -57,7 +57,7 @@ void bindRoutes(py::module_& testing) {
       .def(
           py::init([](std::shared_ptr<Communicator> comm, bool autoRegister) {
             return CommRoutes::attach(
-                std::move(comm), nullptr, autoRegister, false);
+                std::move(comm), nullptr, autoRegister, false, false);
           }),
           py::arg("comm"),
           py::arg("auto_register") = true)

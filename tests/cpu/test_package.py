@@ -56,6 +56,7 @@ def test_options_defaults_and_round_trip():
     o = torch_nccl_core.Options()
     assert o.timeout is None and o.blocking is None and o.comm_name is None
     assert o.high_priority_stream is False and o.copy_engine_reduce_scatter is None
+    assert o.one_shot_all_reduce is None
     o = torch_nccl_core.Options(
         timeout=datetime.timedelta(seconds=7),
         high_priority_stream=True,
@@ -67,12 +68,14 @@ def test_options_defaults_and_round_trip():
         split_share=True,
         comm_name="trainer",
         copy_engine_reduce_scatter=False,
+        one_shot_all_reduce=True,
     )
     assert o.timeout == datetime.timedelta(seconds=7)
     assert (o.blocking, o.cga_cluster_size, o.min_ctas, o.max_ctas) == (True, 4, 2, 16)
     assert (o.net_name, o.split_share, o.comm_name) == ("Socket", True, "trainer")
     assert o.copy_engine_reduce_scatter is False
     assert "copy_engine_reduce_scatter=False" in repr(o)
+    assert o.one_shot_all_reduce is True and "one_shot_all_reduce=True" in repr(o)
     assert "comm_name='trainer'" in repr(o) and "high_priority_stream=True" in repr(o)
 
 

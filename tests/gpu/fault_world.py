@@ -214,6 +214,39 @@ def reinit_after_failure(job_store) -> dict:
     }
 
 
+def one_shot_peer_silent(job_store) -> dict:
+    """Rank 1 skips a one-shot all_reduce (Options.one_shot_all_reduce): rank 0's kernel waits
+    for it at the ranks' meeting until the watchdog times the op out and aborts the
+    communicator, which ends the wait; the op fails naming itself, and destroy returns."""
+    init(job_store)
+    group = dist.new_group(
+        backend="nccl_core",
+        timeout=timedelta(seconds=3.0),
+        pg_options=torch_nccl_core.Options(one_shot_all_reduce=True),
+    )
+    comm = torch_nccl_core.communicator(group)
+    t = torch.full((1024,), 1.0 + RANK, device=DEVICE)
+    dist.all_reduce(t, group=group)  # both ranks: makes the staging
+    torch.cuda.synchronize()
+    report: dict = {"first": bool((t == summed(1.0)).all()), "lsa": comm.lsa_size == comm.size}
+    if RANK == 0:
+        start = time.monotonic()
+        try:
+            dist.all_reduce(t, group=group)
+            torch.cuda.synchronize()  # returns once the abort ended the kernel's wait
+            dist.all_reduce(t, group=group)
+            report["rank0_failure"] = None
+        except dist.DistBackendError as e:
+            report["rank0_failure"] = str(e)
+        report["failed_after_s"] = time.monotonic() - start
+    job_store.set(f"one_shot_seen_{RANK}", "1")
+    job_store.wait([f"one_shot_seen_{r}" for r in range(WORLD)])
+    start = time.monotonic()
+    dist.destroy_process_group()
+    report["destroy_s"] = time.monotonic() - start
+    return report
+
+
 def shrink_past_a_silent_rank(job_store) -> dict:
     """Rank 1 stops taking part; rank 0, its all_reduce hung on rank 1, shrinks the world with
     SHRINK_ABORT well within the timeout and goes on alone: the hung op fails (it never
@@ -774,6 +807,7 @@ SCENARIOS = {
     "exit_with_live_graph": lambda s: teardown_with_live_graph(s, "exit"),
     "reinit_after_failure": reinit_after_failure,
     "shrink_past_a_silent_rank": shrink_past_a_silent_rank,
+    "one_shot_peer_silent": one_shot_peer_silent,
     "flight_recorder_names_a_skipped_collective": flight_recorder_names_a_skipped_collective,
     "watchdog_frees_nothing": watchdog_frees_nothing,
     "no_set_device": no_set_device,

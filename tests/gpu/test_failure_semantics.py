@@ -85,6 +85,19 @@ def test_reinit_after_a_failure_and_with_a_late_rank(rank):
 
 
 @pytest.mark.timeout(150, method="thread")
+def test_one_shot_all_reduce_with_a_silent_peer_fails_and_tears_down(rank):
+    """The one-shot kernel's wait for its peers ends when the watchdog aborts the communicator:
+    the op fails as a DistBackendError naming it, and destroy returns. A wait that does not
+    look at the abort flag spins on the GPU for ever and the child times out."""
+    report = scenario(rank, "one_shot_peer_silent", timeout_s=120.0)
+    assert report["first"] and report["lsa"], report
+    if rank == 0:
+        assert re.search(r"allreduce \(seq \d+\)", report["rank0_failure"] or ""), report
+        assert report["failed_after_s"] < 3.0 + SLACK_S, report
+    assert report["destroy_s"] < 10.0, report
+
+
+@pytest.mark.timeout(150, method="thread")
 def test_shrink_with_abort_goes_on_without_a_silent_rank(rank):
     report = scenario(rank, "shrink_past_a_silent_rank")
     assert report["first"]

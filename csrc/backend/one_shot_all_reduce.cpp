@@ -1,0 +1,126 @@
+#include "backend/one_shot_all_reduce.h"
+
+#include <c10/cuda/CUDAException.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "backend/one_shot_all_reduce_kernel.h"
+#include "nccl/onesided.h"
+#include "nccl/window_pointers.h"
+
+namespace nccl_core {
+
+namespace {
+
+using Layout = OneShotLayout;
+
+int64_t ceilDiv(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+} // namespace
+
+OneShotAllReduce::OneShotAllReduce(Communicator& comm, EventPool& events)
+    : comm_(comm), done_(events.acquire()) {}
+
+bool OneShotAllReduce::hasStaging() const {
+  std::lock_guard<std::mutex> lock(stagingMutex_);
+  return staging_ != nullptr;
+}
+
+bool OneShotAllReduce::suits(const AllReduceCall& call, bool capturing) {
+  if (static_cast<size_t>(call.tensor.nbytes()) > kMaxBytes ||
+      comm_.size() > Layout::kMaxRanks ||
+      !oneShotReduces(call.tensor.scalar_type(), call.op) ||
+      (capturing && !hasStaging())) {
+    return false;
+  }
+  if (!allPeersLoadStore_) {
+    const Communicator::Use use = comm_.use(); // NCCL reads the communicator
+    allPeersLoadStore_ =
+        windowAddressesReadable() && lsaTeam(comm_).size == comm_.size();
+  }
+  return *allPeersLoadStore_;
+}
+
+const PeerBuffer& OneShotAllReduce::staging() {
+  {
+    std::lock_guard<std::mutex> lock(stagingMutex_);
+    if (staging_) {
+      return *staging_;
+    }
+  }
+  // Collective, so made without the lock (drain must stay possible).
+  const int* abortFlag = comm_.signals().abortFlag();
+  auto made =
+      std::make_unique<PeerBuffer>(comm_, Layout::kDataOffset + kMaxBytes);
+  std::lock_guard<std::mutex> lock(stagingMutex_);
+  comm_.get(); // aborted meanwhile: nothing may write to the peers now
+  abortFlag_ = abortFlag;
+  staging_ = std::move(made);
+  return *staging_;
+}
+
+void OneShotAllReduce::enqueue(const AllReduceCall& call, cudaStream_t stream) {
+  const int64_t count = call.tensor.numel();
+  if (count == 0) {
+    return;
+  }
+  const PeerBuffer& buffer = staging();
+  OneShotArgs args{};
+  args.data = call.tensor.data_ptr();
+  for (int r = 0; r < comm_.size(); ++r) {
+    args.staging[r] = r == comm_.rank()
+                          ? static_cast<char*>(buffer.local())
+                          : reinterpret_cast<char*>(buffer.remote(r));
+  }
+  args.abortFlag = abortFlag_;
+  args.rank = comm_.rank();
+  args.size = comm_.size();
+  args.count = count;
+  // The same grid on every rank: it depends on the call alone.
+  const bool vector =
+      reinterpret_cast<uintptr_t>(args.data) % 16 == 0 && count > 1;
+  const int64_t pack = vector ? 16 / call.tensor.element_size() : 1;
+  const int64_t bytesPerBlock = Layout::kThreads * 16;
+  const int64_t wanted = std::clamp<int64_t>(
+      ceilDiv(call.tensor.nbytes(), bytesPerBlock), 1, Layout::kMaxBlocks);
+  args.perBlock = ceilDiv(ceilDiv(count, wanted), pack) * pack;
+  const int blocks = static_cast<int>(ceilDiv(count, args.perBlock));
+
+  const bool eager = !capturing(stream);
+  if (eager && stream != lastStream_) {
+    // Ordered after the previous launch, whichever stream it ran on (on
+    // the same stream it is already).
+    C10_CUDA_CHECK(cudaStreamWaitEvent(stream, done_.get(), 0));
+  }
+  launchOneShotAllReduce(
+      args, call.tensor.scalar_type(), call.op, blocks, vector, stream);
+  if (eager) {
+    C10_CUDA_CHECK(cudaEventRecord(done_.get(), stream));
+    lastStream_ = stream;
+  }
+}
+
+void OneShotAllReduce::drain() const noexcept {
+  std::lock_guard<std::mutex> lock(stagingMutex_);
+  if (!staging_) {
+    return;
+  }
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (cudaEventQuery(done_.get()) == cudaErrorNotReady &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+} // namespace nccl_core

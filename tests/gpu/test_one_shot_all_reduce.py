@@ -1,0 +1,162 @@
+"""all_reduce through the one-shot kernel (Options.one_shot_all_reduce).
+
+Every op, dtype and size of the collective sweep runs on a group with it on: what the kernel
+reduces (sum, product, min, max, avg; floating and integer dtypes, up to 256 KiB) it runs, the
+rest goes to NCCL, and every result must be exact. The tests also check that it is the path that
+ran (its kernel in a profile), its limit, unaligned views, ops alternating between the caller's
+and the internal stream, and CUDA graphs replayed with new data, each replay checked.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
+
+import torch_nccl_core
+
+from .helpers import (
+    ASYNC_MODES,
+    all_ranks,
+    assert_equal,
+    complete,
+    make_reduce_op,
+    rank_tensor,
+    reduce_cases,
+    reference_reduce,
+)
+
+KERNEL = "oneShotAllReduceKernel"
+LIMIT = 256 << 10  # bytes: OneShotAllReduce::kMaxBytes
+
+
+def _group(one_shot: bool | None) -> dist.ProcessGroup:
+    options = torch_nccl_core.Options(one_shot_all_reduce=one_shot)
+    return dist.new_group(backend="nccl_core", pg_options=options)
+
+
+@pytest.fixture(scope="module")
+def one_shot():
+    group = _group(True)
+    yield group
+    dist.destroy_process_group(group)
+
+
+def _all_reduce(group, numel, dtype, rank, op="sum", *, salt=0, async_op=False):
+    """Runs one all_reduce of `numel` elements; returns (result, expected)."""
+    tensor = rank_tensor(numel, dtype, rank, salt=salt)
+    expected = reference_reduce(all_ranks(numel, dtype, salt=salt), op)
+    work = dist.all_reduce(tensor, op=make_reduce_op(op, dtype), group=group, async_op=async_op)
+    complete(work, async_op)
+    return tensor, expected
+
+
+def _kernels(call) -> list[str]:
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    return [event.name for event in prof.events()]
+
+
+@pytest.mark.parametrize("async_op", ASYNC_MODES)
+@pytest.mark.parametrize(("op", "dtype", "numel"), reduce_cases())
+def test_every_op_dtype_and_size(rank, one_shot, op, dtype, numel, async_op):
+    tensor, expected = _all_reduce(one_shot, numel, dtype, rank, op, async_op=async_op)
+    assert_equal(tensor, expected)
+
+
+def test_it_is_the_path_that_runs_up_to_its_limit(rank, one_shot):
+    at_limit = LIMIT // 4  # float32 elements
+    ran = {
+        numel: _kernels(lambda n=numel: _all_reduce(one_shot, n, torch.float32, rank))
+        for numel in (1, at_limit, at_limit + 1)
+    }
+    off = _group(None)
+    ran["off"] = _kernels(lambda: _all_reduce(off, 1, torch.float32, rank))
+    dist.destroy_process_group(off)
+    assert any(KERNEL in k for k in ran[1]), ran[1]
+    assert any(KERNEL in k for k in ran[at_limit]), ran[at_limit]
+    assert not any(KERNEL in k for k in ran[at_limit + 1]), ran[at_limit + 1]
+    assert not any(KERNEL in k for k in ran["off"]), ran["off"]
+
+
+@pytest.mark.parametrize("offset", [1, 2, 3])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.int64])
+def test_unaligned_views(rank, one_shot, offset, dtype):
+    """Views off a 16-byte boundary take the element-wise loop; around them stays untouched."""
+    numel = 4099
+    base = torch.full((numel + offset + 5,), -1, dtype=dtype, device="cuda")
+    view = base[offset : offset + numel]
+    view.copy_(rank_tensor(numel, dtype, rank))
+    dist.all_reduce(view, group=one_shot)
+    expected = reference_reduce(all_ranks(numel, dtype), "sum")
+    assert_equal(view, expected)
+    assert (base[:offset] == -1).all() and (base[offset + numel :] == -1).all()
+
+
+def test_ops_alternating_between_streams_without_waits(rank, one_shot):
+    """Sync ops run on the caller's stream, async ones on the internal stream; the kernel
+    orders each after the previous one whichever stream it ran on."""
+    results = []
+    works = []
+    for salt in range(40):
+        tensor = rank_tensor(1000 + salt, torch.float32, rank, salt=salt)
+        work = dist.all_reduce(tensor, group=one_shot, async_op=salt % 2 == 1)
+        works.append(work)
+        results.append((salt, tensor))
+    for work in works:
+        if work is not None:
+            work.wait()
+    torch.cuda.synchronize()
+    for salt, tensor in results:
+        expected = reference_reduce(all_ranks(1000 + salt, torch.float32, salt=salt), "sum")
+        assert_equal(tensor, expected)
+
+
+def test_graph_replays_reduce_new_data(rank, one_shot):
+    """Captured after eager ops (the staging exists), replayed 100 times, each replay with
+    new data checked; two ops of different sizes in one graph."""
+    small, large = 7, LIMIT // 8
+    _all_reduce(one_shot, small, torch.float32, rank)  # eager first: makes the staging
+    a = torch.zeros(small, device="cuda")
+    b = torch.zeros(large, dtype=torch.bfloat16, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        dist.all_reduce(a, group=one_shot)
+        dist.all_reduce(b, op=dist.ReduceOp.MAX, group=one_shot)
+    mismatches = []
+    for replay in range(100):
+        a.copy_(rank_tensor(small, torch.float32, rank, salt=replay))
+        b.copy_(rank_tensor(large, torch.bfloat16, rank, salt=replay))
+        graph.replay()
+        torch.cuda.synchronize()
+        want_a = reference_reduce(all_ranks(small, torch.float32, salt=replay), "sum")
+        want_b = reference_reduce(all_ranks(large, torch.bfloat16, salt=replay), "max")
+        if not (torch.equal(a, want_a) and torch.equal(b, want_b)):
+            mismatches.append(replay)
+    ran = _kernels(graph.replay)
+    del graph
+    assert mismatches == [], mismatches
+    assert sum(KERNEL in k for k in ran) == 2, ran
+
+
+def test_first_op_under_capture_goes_to_nccl(rank):
+    """Without staging (made collectively, never under capture) a captured op runs on NCCL."""
+    group = _group(True)
+    dist.barrier(group=group)
+    tensor = torch.zeros(64, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        dist.all_reduce(tensor, group=group)
+    tensor.copy_(rank_tensor(64, torch.float32, rank))
+    ran = _kernels(graph.replay)
+    result = tensor.clone()
+    del graph
+    dist.destroy_process_group(group)
+    assert_equal(result, reference_reduce(all_ranks(64, torch.float32), "sum"))
+    assert not any(KERNEL in k for k in ran), ran
