@@ -80,9 +80,7 @@ bool CopyEngineReduceScatter::suits(
     return false;
   }
   if (!allPeersLoadStore_) {
-    const Communicator::Use use = comm_.use(); // NCCL reads the communicator
-    allPeersLoadStore_ =
-        windowAddressesReadable() && lsaTeam(comm_).size == comm_.size();
+    allPeersLoadStore_ = everyPeerLoadStore(comm_);
   }
   return *allPeersLoadStore_;
 }

@@ -44,9 +44,7 @@ bool OneShotAllReduce::suits(const AllReduceCall& call, bool capturing) {
     return false;
   }
   if (!allPeersLoadStore_) {
-    const Communicator::Use use = comm_.use(); // NCCL reads the communicator
-    allPeersLoadStore_ =
-        windowAddressesReadable() && lsaTeam(comm_).size == comm_.size();
+    allPeersLoadStore_ = everyPeerLoadStore(comm_);
   }
   return *allPeersLoadStore_;
 }
@@ -86,10 +84,11 @@ void OneShotAllReduce::enqueue(const AllReduceCall& call, cudaStream_t stream) {
   args.rank = comm_.rank();
   args.size = comm_.size();
   args.count = count;
-  // The same grid on every rank: it depends on the call alone.
-  const bool vector =
-      reinterpret_cast<uintptr_t>(args.data) % 16 == 0 && count > 1;
-  const int64_t pack = vector ? 16 / call.tensor.element_size() : 1;
+  // The same grid and split on every rank: they depend on the count and
+  // dtype alone, never on this rank's alignment, which only picks the
+  // kernel (blocks of every rank must cover the same elements).
+  const bool vector = reinterpret_cast<uintptr_t>(args.data) % 16 == 0;
+  const int64_t pack = 16 / call.tensor.element_size();
   const int64_t bytesPerBlock = Layout::kThreads * 16;
   const int64_t wanted = std::clamp<int64_t>(
       ceilDiv(call.tensor.nbytes(), bytesPerBlock), 1, Layout::kMaxBlocks);

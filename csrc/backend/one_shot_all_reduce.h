@@ -6,6 +6,10 @@
 // staging exists. Off unless Options.one_shot_all_reduce (or
 // TORCH_NCCL_CORE_ONE_SHOT_ALL_REDUCE=1) turns it on: where it beats NCCL is
 // to be measured on two or more GPUs (benchmarks: bench_one_shot).
+// Limits: eager launches are ordered across streams and waited for by an
+// abort, graph replays are not (replay them ordered with the group's eager
+// ops); and a group's first such op makes the staging collectively, so it
+// must run eagerly on every rank or captured on every rank alike.
 #pragma once
 
 #include <ATen/ATen.h>

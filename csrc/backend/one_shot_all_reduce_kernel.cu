@@ -69,9 +69,9 @@ __device__ Acc combine(Acc a, Acc b) {
   if constexpr (kOp == RedOpType::PRODUCT) {
     return a * b;
   } else if constexpr (kOp == RedOpType::MIN) {
-    return b < a ? b : a;
+    return (b != b || b < a) ? b : a; // a NaN wins, as in ATen's minimum
   } else if constexpr (kOp == RedOpType::MAX) {
-    return b > a ? b : a;
+    return (b != b || b > a) ? b : a;
   } else { // SUM, AVG
     return a + b;
   }

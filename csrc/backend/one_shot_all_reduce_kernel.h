@@ -36,11 +36,14 @@ struct OneShotArgs {
   int64_t perBlock; // elements per block, a multiple of the pack
 };
 
-// Whether the kernel reduces `dtype` with `op` as NCCL does.
+// Whether the kernel reduces `dtype` with `op` as NCCL does, up to rounding:
+// it sums in rank order (half and bfloat16 in float) and averages by dividing
+// the sum, so at three or more ranks the last bit may differ from NCCL's;
+// every rank gets the same bits.
 bool oneShotReduces(at::ScalarType dtype, c10d::ReduceOp::RedOpType op);
 
 // Launches `blocks` blocks (at most kMaxBlocks, the same on every rank).
-// `vector`: data and count allow 16-byte loads and stores.
+// `vector`: this rank's data allows 16-byte loads and stores.
 void launchOneShotAllReduce(
     const OneShotArgs& args,
     at::ScalarType dtype,

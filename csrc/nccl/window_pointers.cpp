@@ -80,6 +80,14 @@ bool windowAddressesReadable() {
          detail::canReadLsaBasesOnDevice();
 }
 
+bool everyPeerLoadStore(Communicator& comm) {
+  if (!windowAddressesReadable()) {
+    return false;
+  }
+  const Communicator::Use use = comm.use(); // NCCL reads the communicator
+  return lsaTeam(comm).size == comm.size();
+}
+
 std::vector<uintptr_t>
 lsaBases(Communicator& comm, ncclWindow_t window, int lsaSize) {
   if (const auto query = nccl().getLsaDevicePointer) {

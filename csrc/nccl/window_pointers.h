@@ -38,6 +38,11 @@ uintptr_t lsaPointer(
 // host API, or 2.28's device API in a build against 2.28's headers).
 bool windowAddressesReadable();
 
+// Whether every rank of `comm` maps the others' windows (one LSA team) and
+// this build can read their addresses: what the backend's engines that write
+// or read peers' memory need.
+bool everyPeerLoadStore(Communicator& comm);
+
 // Base address of every LSA rank's part of `window`, as mapped on this rank.
 std::vector<uintptr_t>
 lsaBases(Communicator& comm, ncclWindow_t window, int lsaSize);
@@ -54,6 +59,11 @@ namespace detail {
 LsaTeam queryLsaTeam(ncclComm_t comm);
 // Whether readLsaBases works here: a build against the runtime's 2.28 headers.
 bool canReadLsaBasesOnDevice();
+// Whether every rank of `comm` maps the others' windows (one LSA team) and
+// this build can read their addresses: what the backend's engines that write
+// or read peers' memory need.
+bool everyPeerLoadStore(Communicator& comm);
+
 // Base address of every LSA rank's part of `window`, read on the device;
 // needs canReadLsaBasesOnDevice().
 std::vector<uintptr_t>

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import pytest
 import torch
 import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
 
 import torch_nccl_core
 
@@ -193,6 +194,14 @@ def assert_equal(actual: torch.Tensor, expected: torch.Tensor) -> None:
         actual = actual.contiguous().reshape(-1).view(torch.uint8)
         expected = expected.contiguous().reshape(-1).view(torch.uint8)
     torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+
+
+def profiled_kernels(call: Callable[[], object]) -> list[str]:
+    """Names of the profiler events (GPU kernels included) while `call` runs to completion."""
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    return [event.name for event in prof.events()]
 
 
 def complete(work: dist.Work | None, async_op: bool) -> None:

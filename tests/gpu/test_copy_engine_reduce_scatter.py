@@ -13,7 +13,6 @@ import gc
 import pytest
 import torch
 import torch.distributed as dist
-from torch.profiler import ProfilerActivity, profile
 
 import torch_nccl_core
 
@@ -27,6 +26,7 @@ from .helpers import (
     make_reduce_op,
     needs_ranks,
     poisoned,
+    profiled_kernels,
     rank_tensor,
     reduce_cases,
     reference_reduce,
@@ -63,13 +63,6 @@ def _reduce_scatter(group, numel, dtype, rank, op="sum", *, salt=0, async_op=Fal
     return output, expected
 
 
-def _kernels(call) -> list[str]:
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        call()
-        torch.cuda.synchronize()
-    return [event.name for event in prof.events()]
-
-
 @pytest.mark.parametrize("async_op", ASYNC_MODES)
 @pytest.mark.parametrize(("op", "dtype", "numel"), reduce_cases())
 def test_every_op_dtype_and_size(rank, always, op, dtype, numel, async_op):
@@ -89,7 +82,7 @@ def test_ops_spanning_many_slots_in_a_row(rank, always):
 def test_it_is_the_path_that_runs(rank):
     copy_engine, nccl = _group(True), _group(False)
     ran = {
-        name: _kernels(lambda g=group: _reduce_scatter(g, SWEEP_NUMEL, torch.float32, rank))
+        name: profiled_kernels(lambda g=group: _reduce_scatter(g, SWEEP_NUMEL, torch.float32, rank))
         for name, group in (("copy_engine", copy_engine), ("nccl", nccl))
     }
     dist.destroy_process_group(copy_engine)
@@ -106,7 +99,7 @@ def test_by_default_from_the_measured_size(rank):
     small = 1 << 16
     large = (32 * MIB) // 4  # the threshold, in float32 elements
     ran = {
-        numel: _kernels(lambda n=numel: _reduce_scatter(group, n, torch.float32, rank))
+        numel: profiled_kernels(lambda n=numel: _reduce_scatter(group, n, torch.float32, rank))
         for numel in (small, large)
     }
     dist.destroy_process_group(group)

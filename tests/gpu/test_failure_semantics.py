@@ -90,7 +90,9 @@ def test_one_shot_all_reduce_with_a_silent_peer_fails_and_tears_down(rank):
     the op fails as a DistBackendError naming it, and destroy returns. A wait that does not
     look at the abort flag spins on the GPU for ever and the child times out."""
     report = scenario(rank, "one_shot_peer_silent", timeout_s=120.0)
-    assert report["first"] and report["lsa"], report
+    if not report["lsa"]:
+        pytest.skip("the two ranks do not map each other's memory: no one-shot kernel")
+    assert report["first"], report
     if rank == 0:
         assert re.search(r"allreduce \(seq \d+\)", report["rank0_failure"] or ""), report
         assert report["failed_after_s"] < 3.0 + SLACK_S, report

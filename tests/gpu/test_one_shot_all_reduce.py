@@ -12,7 +12,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from torch.profiler import ProfilerActivity, profile
 
 import torch_nccl_core
 
@@ -22,6 +21,7 @@ from .helpers import (
     assert_equal,
     complete,
     make_reduce_op,
+    profiled_kernels,
     rank_tensor,
     reduce_cases,
     reference_reduce,
@@ -43,6 +43,14 @@ def one_shot():
     dist.destroy_process_group(group)
 
 
+@pytest.fixture(scope="module")
+def runs_there(one_shot) -> None:
+    """Skips (on every rank alike) where the peers do not all map each other's memory."""
+    comm = torch_nccl_core.communicator(one_shot)
+    if comm.lsa_size != comm.size:
+        pytest.skip("the peers are not all load/store reachable: NCCL runs every all_reduce")
+
+
 def _all_reduce(group, numel, dtype, rank, op="sum", *, salt=0, async_op=False):
     """Runs one all_reduce of `numel` elements; returns (result, expected)."""
     tensor = rank_tensor(numel, dtype, rank, salt=salt)
@@ -52,13 +60,6 @@ def _all_reduce(group, numel, dtype, rank, op="sum", *, salt=0, async_op=False):
     return tensor, expected
 
 
-def _kernels(call) -> list[str]:
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        call()
-        torch.cuda.synchronize()
-    return [event.name for event in prof.events()]
-
-
 @pytest.mark.parametrize("async_op", ASYNC_MODES)
 @pytest.mark.parametrize(("op", "dtype", "numel"), reduce_cases())
 def test_every_op_dtype_and_size(rank, one_shot, op, dtype, numel, async_op):
@@ -66,14 +67,14 @@ def test_every_op_dtype_and_size(rank, one_shot, op, dtype, numel, async_op):
     assert_equal(tensor, expected)
 
 
-def test_it_is_the_path_that_runs_up_to_its_limit(rank, one_shot):
+def test_it_is_the_path_that_runs_up_to_its_limit(rank, one_shot, runs_there):
     at_limit = LIMIT // 4  # float32 elements
     ran = {
-        numel: _kernels(lambda n=numel: _all_reduce(one_shot, n, torch.float32, rank))
+        numel: profiled_kernels(lambda n=numel: _all_reduce(one_shot, n, torch.float32, rank))
         for numel in (1, at_limit, at_limit + 1)
     }
-    off = _group(None)
-    ran["off"] = _kernels(lambda: _all_reduce(off, 1, torch.float32, rank))
+    off = _group(False)
+    ran["off"] = profiled_kernels(lambda: _all_reduce(off, 1, torch.float32, rank))
     dist.destroy_process_group(off)
     assert any(KERNEL in k for k in ran[1]), ran[1]
     assert any(KERNEL in k for k in ran[at_limit]), ran[at_limit]
@@ -81,11 +82,14 @@ def test_it_is_the_path_that_runs_up_to_its_limit(rank, one_shot):
     assert not any(KERNEL in k for k in ran["off"]), ran["off"]
 
 
-@pytest.mark.parametrize("offset", [1, 2, 3])
+@pytest.mark.parametrize("offset", [1, 2, 3, "by_rank"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.int64])
 def test_unaligned_views(rank, one_shot, offset, dtype):
-    """Views off a 16-byte boundary take the element-wise loop; around them stays untouched."""
-    numel = 4099
+    """Views off a 16-byte boundary take the element-wise loop; around them stays untouched.
+    by_rank: aligned on even ranks only, over several blocks, so ranks that load differently
+    must still split the elements alike."""
+    numel = 4099 if offset != "by_rank" else 30001  # int64: 240 KiB, under the limit
+    offset = (rank % 2) if offset == "by_rank" else offset
     base = torch.full((numel + offset + 5,), -1, dtype=dtype, device="cuda")
     view = base[offset : offset + numel]
     view.copy_(rank_tensor(numel, dtype, rank))
@@ -98,23 +102,25 @@ def test_unaligned_views(rank, one_shot, offset, dtype):
 def test_ops_alternating_between_streams_without_waits(rank, one_shot):
     """Sync ops run on the caller's stream, async ones on the internal stream; the kernel
     orders each after the previous one whichever stream it ran on."""
+    sizes = (3, 5000, 20000, LIMIT // 4 - 64)  # from one block to all: the split changes
     results = []
     works = []
     for salt in range(40):
-        tensor = rank_tensor(1000 + salt, torch.float32, rank, salt=salt)
-        work = dist.all_reduce(tensor, group=one_shot, async_op=salt % 2 == 1)
+        numel = sizes[salt % len(sizes)] + salt
+        tensor = rank_tensor(numel, torch.float32, rank, salt=salt)
+        work = dist.all_reduce(tensor, group=one_shot, async_op=salt % 3 == 1)
         works.append(work)
-        results.append((salt, tensor))
+        results.append((salt, numel, tensor))
     for work in works:
         if work is not None:
             work.wait()
     torch.cuda.synchronize()
-    for salt, tensor in results:
-        expected = reference_reduce(all_ranks(1000 + salt, torch.float32, salt=salt), "sum")
+    for salt, numel, tensor in results:
+        expected = reference_reduce(all_ranks(numel, torch.float32, salt=salt), "sum")
         assert_equal(tensor, expected)
 
 
-def test_graph_replays_reduce_new_data(rank, one_shot):
+def test_graph_replays_reduce_new_data(rank, one_shot, runs_there):
     """Captured after eager ops (the staging exists), replayed 100 times, each replay with
     new data checked; two ops of different sizes in one graph."""
     small, large = 7, LIMIT // 8
@@ -137,7 +143,7 @@ def test_graph_replays_reduce_new_data(rank, one_shot):
         want_b = reference_reduce(all_ranks(large, torch.bfloat16, salt=replay), "max")
         if not (torch.equal(a, want_a) and torch.equal(b, want_b)):
             mismatches.append(replay)
-    ran = _kernels(graph.replay)
+    ran = profiled_kernels(graph.replay)
     del graph
     assert mismatches == [], mismatches
     assert sum(KERNEL in k for k in ran) == 2, ran
@@ -154,7 +160,7 @@ def test_first_op_under_capture_goes_to_nccl(rank):
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
         dist.all_reduce(tensor, group=group)
     tensor.copy_(rank_tensor(64, torch.float32, rank))
-    ran = _kernels(graph.replay)
+    ran = profiled_kernels(graph.replay)
     result = tensor.clone()
     del graph
     dist.destroy_process_group(group)
