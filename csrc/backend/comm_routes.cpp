@@ -95,8 +95,11 @@ EngineRun CommRoutes::engineFor(const RouteQuery& query) {
   }
   if (query.oneShot && oneShot_ &&
       oneShot_->suits(*query.oneShot, query.capturing)) {
-    return [engine = oneShot_.get(), call = query.oneShot](
-               cudaStream_t stream) { engine->enqueue(*call, stream); };
+    return [engine = oneShot_.get(),
+            call = query.oneShot,
+            capturing = query.capturing](cudaStream_t stream) {
+      engine->enqueue(*call, stream, capturing);
+    };
   }
   return nullptr;
 }

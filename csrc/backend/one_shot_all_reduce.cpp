@@ -20,12 +20,6 @@ int64_t ceilDiv(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
-bool capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  return status != cudaStreamCaptureStatusNone;
-}
-
 } // namespace
 
 OneShotAllReduce::OneShotAllReduce(Communicator& comm, EventPool& events)
@@ -67,7 +61,10 @@ const PeerBuffer& OneShotAllReduce::staging() {
   return *staging_;
 }
 
-void OneShotAllReduce::enqueue(const AllReduceCall& call, cudaStream_t stream) {
+void OneShotAllReduce::enqueue(
+    const AllReduceCall& call,
+    cudaStream_t stream,
+    bool capturing) {
   const int64_t count = call.tensor.numel();
   if (count == 0) {
     return;
@@ -95,7 +92,7 @@ void OneShotAllReduce::enqueue(const AllReduceCall& call, cudaStream_t stream) {
   args.perBlock = ceilDiv(ceilDiv(count, wanted), pack) * pack;
   const int blocks = static_cast<int>(ceilDiv(count, args.perBlock));
 
-  const bool eager = !capturing(stream);
+  const bool eager = !capturing;
   if (eager && stream != lastStream_) {
     // Ordered after the previous launch, whichever stream it ran on (on
     // the same stream it is already).

@@ -44,9 +44,10 @@ class OneShotAllReduce {
   // answer on every rank for the same call and history.
   bool suits(const AllReduceCall& call, bool capturing);
 
-  // Enqueues the all-reduce on `stream`, after this engine's previous one on
-  // any stream (the ranks' blocks meet in the staging, one op at a time).
-  void enqueue(const AllReduceCall& call, cudaStream_t stream);
+  // Enqueues the all-reduce on `stream`, after this engine's previous eager
+  // one on any stream (the ranks' blocks meet in the staging, one op at a
+  // time). `capturing`: as routing found it, so it is not asked again.
+  void enqueue(const AllReduceCall& call, cudaStream_t stream, bool capturing);
 
   // Waits (up to a second) for the last eager launch, whose barrier waits
   // return once the communicator's abort flag is set.
