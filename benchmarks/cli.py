@@ -140,7 +140,10 @@ def init_distributed(args) -> tuple[torch.device, Callable[[], None]]:
     if not torch.cuda.is_available():
         dist.init_process_group("gloo")
         return torch.device("cpu"), lambda: None
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    # Ranks may outnumber GPUs (python -m torch_nccl_core.launch): they share them then.
+    device = torch.device(
+        "cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+    )
     torch.cuda.set_device(device)
     bind = {} if args.init_backend == "gloo" else {"device_id": device}
     dist.init_process_group(args.init_backend, **bind)

@@ -123,7 +123,8 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=20)
     args = parser.parse_args()
 
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    # Ranks may outnumber GPUs (python -m torch_nccl_core.launch): they share them then.
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
     torch.cuda.set_device(device)
     dist.init_process_group("nccl_core", device_id=device)
     tokens = torch.randn(args.tokens, args.hidden, device=device, dtype=torch.bfloat16)

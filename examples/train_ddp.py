@@ -47,7 +47,8 @@ def main():
     if args.backend == "nccl_core":
         import torch_nccl_core  # noqa: F401  (registers the "nccl_core" backend)
 
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    # Ranks may outnumber GPUs (python -m torch_nccl_core.launch): they share them then.
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
     torch.cuda.set_device(device)
     dist.init_process_group(args.backend, device_id=device)
     rank = dist.get_rank()

@@ -12,6 +12,7 @@
 #include "backend/op_timing.h"
 #include "nccl/api.h"
 #include "nccl/errors.h"
+#include "nccl/stream_ordered_free.h"
 
 namespace nccl_core {
 
@@ -156,6 +157,7 @@ void NcclCoreBackend::beforeEnqueue(OpPlan& plan) {
   } else {
     // Not under capture: freeing NCCL memory there would invalidate it.
     watchdog_->reapRetired();
+    freeFinished(/*wait=*/false); // NCCL memory freed while still in use
   }
   if (!plan.route.toRegister.empty()) {
     routes_->registerMemory(plan.route);

@@ -217,95 +217,132 @@ void Watchdog::poll() {
   // Read before the lists it bounds (see endEphemeralTimeouts).
   const uint64_t seen = std::max(
       lastTracked_.load(std::memory_order_acquire), syncOps_.lastNoted());
-  ncclResult_t asyncError = comm_->asyncError();
-  // ncclInProgress: a nonblocking communicator still settling a call.
-  if (asyncError != ncclSuccess && asyncError != ncclInProgress) {
+  const c10::intrusive_ptr<NcclWork> head = retireFinished();
+  const auto oldestSync = syncOps_.oldestUnfinished(now);
+  if (traceGroup_) {
+    FlightRecorder::process().syncOpsFinishedBefore(
+        *traceGroup_, syncOps_.finishedBefore());
+  }
+  if (failedAsynchronously(head, oldestSync)) {
+    return;
+  }
+  if (head && head->pastDeadline(now)) {
     trip(
         c10::str(
-            "NCCL reported an asynchronous error on group '",
-            groupName_,
-            "': ",
-            resultName(asyncError),
-            ": ",
-            nccl().getErrorString(asyncError)),
+            "Watchdog caught collective operation timeout: ",
+            head->describe(),
+            " ran past its timeout; communicator aborted"),
         true);
     return;
   }
-  // Retire completed work in order; the first incomplete one decides.
+  if (oldestSync && syncOpTimedOut(*oldestSync)) {
+    return;
+  }
+  endEphemeralTimeouts(
+      seen, oldestSync ? std::optional(oldestSync->seq) : std::nullopt);
+  checkPeers(now);
+}
+
+c10::intrusive_ptr<NcclWork> Watchdog::retireFinished() {
+  // In order: the first incomplete one decides.
   while (true) {
     c10::intrusive_ptr<NcclWork> head;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (pending_.empty()) {
-        break;
+        return {};
       }
       head = pending_.front();
     }
-    if (head->gpuDone()) {
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (pending_.empty() || pending_.front() != head) {
-          break; // fail() took the list meanwhile
-        }
-        pending_.pop_front();
+    if (!head->gpuDone()) {
+      return head;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (pending_.empty() || pending_.front() != head) {
+        return {}; // fail() took the list meanwhile
       }
-      notifyCompletion(*head);
-      retire(std::move(head));
-      continue;
+      pending_.pop_front();
     }
-    if (head->pastDeadline(now)) {
-      trip(
-          c10::str(
-              "Watchdog caught collective operation timeout: ",
-              head->describe(),
-              " ran past its timeout; communicator aborted"),
-          true);
-      return;
-    }
-    break;
+    notifyCompletion(*head);
+    retire(std::move(head));
   }
-  const std::optional<uint64_t> oldestSync = checkSyncOps(now);
-  if (failure_->failed()) {
-    return;
-  }
-  endEphemeralTimeouts(seen, oldestSync);
-  checkPeers(now);
 }
 
-std::optional<uint64_t>
-Watchdog::checkSyncOps(std::chrono::steady_clock::time_point now) {
-  const auto oldest = syncOps_.oldestUnfinished(now);
-  if (traceGroup_) {
-    FlightRecorder::process().syncOpsFinishedBefore(
-        *traceGroup_, syncOps_.finishedBefore());
+bool Watchdog::failedAsynchronously(
+    const c10::intrusive_ptr<NcclWork>& head,
+    const std::optional<SyncOpTimeline::Unfinished>& oldestSync) {
+  const ncclResult_t asyncError = comm_->asyncError();
+  // ncclInProgress: a nonblocking communicator still settling a call.
+  if (asyncError == ncclSuccess || asyncError == ncclInProgress) {
+    return false;
   }
-  if (!oldest) {
-    return std::nullopt;
+  const std::string error = c10::str(
+      "NCCL reported an asynchronous error: ",
+      resultName(asyncError),
+      " (",
+      nccl().getErrorString(asyncError),
+      "); NCCL's last message: ",
+      comm_->lastError());
+  if (!head && !oldestSync) {
+    // No op was in flight: on the network transport that is a peer that
+    // closed its connections, as at a clean teardown. Nothing was lost, so
+    // nothing is logged or told to peers (torch's NCCL backend asks NCCL
+    // only per Work); the next op raises this at once.
+    fail(
+        c10::str(
+            "group '",
+            groupName_,
+            "' failed while no op was in flight: ",
+            error,
+            "; communicator aborted"),
+        /*tellPeers=*/false);
+    return true;
   }
+  const bool syncIsOlder =
+      oldestSync && (!head || oldestSync->seq < head->getSequencenumber());
+  trip(
+      c10::str(
+          syncIsOlder ? describeSyncOp(*oldestSync) : head->describe(),
+          " failed: ",
+          error,
+          "; communicator aborted"),
+      true);
+  return true;
+}
+
+std::string
+Watchdog::describeSyncOp(const SyncOpTimeline::Unfinished& op) const {
+  return c10::str(
+      "nccl_core synchronous ",
+      op.name,
+      " (seq ",
+      op.seq,
+      describePeers(op.detail),
+      ") on group '",
+      groupName_,
+      "'");
+}
+
+bool Watchdog::syncOpTimedOut(const SyncOpTimeline::Unfinished& oldest) {
   const std::chrono::milliseconds timeout =
       timeout_.load() + ephemeral_->active();
-  if (oldest->age <= timeout) {
-    return oldest->seq;
+  if (oldest.age <= timeout) {
+    return false;
   }
   trip(
       c10::str(
           // torch's NCCL backend's wording, which tools and tests look for.
-          "Watchdog caught collective operation timeout: nccl_core "
-          "synchronous ",
-          oldest->name,
-          " (seq ",
-          oldest->seq,
-          describePeers(oldest->detail),
-          ") on group '",
-          groupName_,
-          "' has been unfinished for at least ",
-          std::chrono::duration_cast<std::chrono::milliseconds>(oldest->age)
+          "Watchdog caught collective operation timeout: ",
+          describeSyncOp(oldest),
+          " has been unfinished for at least ",
+          std::chrono::duration_cast<std::chrono::milliseconds>(oldest.age)
               .count(),
           " ms (timeout ",
           timeout.count(),
           " ms); communicator aborted"),
       true);
-  return oldest->seq;
+  return true;
 }
 
 void Watchdog::endEphemeralTimeouts(

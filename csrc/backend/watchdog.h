@@ -103,9 +103,16 @@ class Watchdog {
   void reapRetiredSlow();
   void run();
   void poll();
-  // Times the synchronous ops out; the oldest unfinished one's number.
-  std::optional<uint64_t>
-  checkSyncOps(std::chrono::steady_clock::time_point now);
+  // Retires the async Work that finished, in order; the first that has not.
+  c10::intrusive_ptr<NcclWork> retireFinished();
+  // Fails the group if NCCL reported an asynchronous error, naming the
+  // oldest unfinished op (`head` or `oldestSync`); quietly if there is none.
+  bool failedAsynchronously(
+      const c10::intrusive_ptr<NcclWork>& head,
+      const std::optional<SyncOpTimeline::Unfinished>& oldestSync);
+  // Fails the group if `oldest` ran past the timeout.
+  bool syncOpTimedOut(const SyncOpTimeline::Unfinished& oldest);
+  std::string describeSyncOp(const SyncOpTimeline::Unfinished& op) const;
   // Ends the timeout extensions whose first op finished: every op up to it
   // finished, among those numbered up to `seen` (later ones may not be
   // tracked yet).

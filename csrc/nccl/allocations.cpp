@@ -33,7 +33,7 @@ void recordAllocation(void* ptr, size_t size, int device) {
   Table& t = table();
   std::lock_guard<std::shared_mutex> lock(t.mutex);
   const auto base = reinterpret_cast<uintptr_t>(ptr);
-  t.byBase[base] = Allocation{base, size, t.nextId++, device};
+  t.byBase[base] = Allocation{base, size, t.nextId++, device, false};
   t.count.store(t.byBase.size(), std::memory_order_release);
 }
 
@@ -81,6 +81,22 @@ std::optional<Allocation> findAllocation(const void* ptr, size_t bytes) {
     return std::nullopt;
   }
   return a;
+}
+
+void markWindowed(uintptr_t base) {
+  Table& t = table();
+  std::lock_guard<std::shared_mutex> lock(t.mutex);
+  auto it = t.byBase.find(base);
+  if (it != t.byBase.end()) {
+    it->second.windowed = true;
+  }
+}
+
+bool windowed(const void* ptr) {
+  Table& t = table();
+  std::shared_lock<std::shared_mutex> lock(t.mutex);
+  auto it = t.byBase.find(reinterpret_cast<uintptr_t>(ptr));
+  return it != t.byBase.end() && it->second.windowed;
 }
 
 void addAllocationObserver(std::weak_ptr<AllocationObserver> observer) {

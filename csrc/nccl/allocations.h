@@ -17,6 +17,10 @@ struct Allocation {
   // id, so nothing keyed by id can match a stale allocation.
   uint64_t id;
   int device;
+  // A window was registered over it: peers map it and kernels on any stream
+  // may use it, and freeing it closes windows, collectively (so the free
+  // waits for the device rather than for a later, unordered moment).
+  bool windowed = false;
 };
 
 // Told when an allocation is about to be freed; holds no lock of the table.
@@ -34,6 +38,12 @@ void forgetAllocation(void* ptr);
 
 // The allocation holding [ptr, ptr + bytes), if that range is NCCL memory.
 std::optional<Allocation> findAllocation(const void* ptr, size_t bytes);
+
+// Notes that a window covers the allocation starting at `base`.
+void markWindowed(uintptr_t base);
+
+// Whether a window was ever registered over the allocation at `ptr`.
+bool windowed(const void* ptr);
 
 // Observers are held weakly: one that is destroyed simply stops hearing.
 void addAllocationObserver(std::weak_ptr<AllocationObserver> observer);

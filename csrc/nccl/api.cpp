@@ -55,7 +55,10 @@ NcclApi makeRealApi() {
   api.devCommCreate = &ncclDevCommCreate;
   api.devCommDestroy = &ncclDevCommDestroy;
   int code = 0;
-  if (ncclGetVersion(&code) == ncclSuccess && code >= NCCL_VERSION(2, 29, 0)) {
+  if (ncclGetVersion(&code) == ncclSuccess && code >= NCCL_VERSION(2, 28, 7)) {
+    lookUp(api.commRevoke, "ncclCommRevoke");
+  }
+  if (code >= NCCL_VERSION(2, 29, 0)) {
     lookUp(api.putSignal, "ncclPutSignal");
     lookUp(api.signal, "ncclSignal");
     lookUp(api.waitSignal, "ncclWaitSignal");

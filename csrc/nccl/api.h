@@ -55,6 +55,9 @@ struct NcclApi {
       *devCommCreate)(ncclComm_t, const void* requirements, void* devComm);
   ncclResult_t (*devCommDestroy)(ncclComm_t, const void* devComm);
 
+  // NCCL >= 2.28.7: looked up at run time, null where the runtime lacks it.
+  ncclResult_t (*commRevoke)(ncclComm_t, int);
+
   // NCCL >= 2.29: looked up at run time, null where the runtime lacks them.
   ncclResult_t (*putSignal)(
       const void*,

@@ -101,6 +101,9 @@ std::shared_ptr<Communicator> Communicator::derive(
     const Use use(*this);
     const ncclResult_t result = make(use.handle(), &child);
     if (result != ncclSuccess && result != ncclInProgress) {
+      if (isAborted()) {
+        raiseAborted(); // the abort ended the call
+      }
       throwNcclError(result, call, __FILE__, __LINE__, comm_);
     }
   }
@@ -216,6 +219,9 @@ void Communicator::check(
       return;
     }
   }
+  if (isAborted()) {
+    raiseAborted(); // the abort ended the call: that is what went wrong
+  }
   throwNcclError(
       result, c10::str(call, " on ", label_).c_str(), file, line, comm_);
 }
@@ -306,8 +312,20 @@ void Communicator::abort(CommunicatorListener* instead) noexcept {
   }
   resources_.clear();
   windows_.clear();
+  // A stay of its own, so that the handle outlives the revoke below.
+  uses_.fetch_add(1);
   releaseRequested_ = true;
-  if (uses_.load() == 0) {
+  if (uses_.load() > 1 && !nonblocking_ && nccl().commRevoke != nullptr &&
+      capturedGraphs_.live() == 0) {
+    // Another thread is inside NCCL on this communicator. A blocking host
+    // call (a window registration, a split) waits in NCCL's bootstrap for
+    // peers that may never come, and only NCCL's abort flag ends that wait:
+    // ncclCommRevoke (NCCL >= 2.28.7) raises it without freeing the
+    // communicator under the call; the last stay to end then aborts it.
+    DeviceGuard guard(device_);
+    NCCL_CORE_WARN(nccl().commRevoke(comm_, 0));
+  }
+  if (uses_.fetch_sub(1) == 1) {
     releaseHandle();
   }
 }
@@ -342,6 +360,16 @@ void Communicator::releaseHandle() noexcept {
   } catch (const std::exception& e) {
     LOG(ERROR) << "[nccl_core] could not abort the NCCL communicator of "
                << label_ << ": " << e.what();
+  }
+}
+
+std::string Communicator::lastError() {
+  try {
+    Use use(*this);
+    const char* text = nccl().getLastError(use.handle());
+    return text != nullptr ? text : "";
+  } catch (const c10::DistBackendError&) {
+    return ""; // aborted: the abort reports itself
   }
 }
 
@@ -414,6 +442,9 @@ Communicator::registerWindow(void* ptr, size_t bytes, int flags) {
         ptr,
         bytes,
         flags);
+  }
+  if (allocation) {
+    markWindowed(allocation->base);
   }
   if (listener) {
     listener->windowRegistered(tracked);

@@ -142,9 +142,10 @@ class Communicator final : public AllocationObserver,
       int line = __builtin_LINE());
 
   // Frees the communicator and every resource registered with it, and makes
-  // any operation still running on it return. Idempotent (a concurrent call
-  // returns once the first one is through), never throws, never waits for
-  // peers. While CUDA graphs that captured its work are
+  // any operation still running on it return, a blocking host call in
+  // progress on another thread too (NCCL >= 2.28.7). Idempotent (a
+  // concurrent call returns once the first one is through), never throws,
+  // never waits for peers. While CUDA graphs that captured its work are
   // alive, NCCL frees it on a thread of its own once they are destroyed.
   void abort() noexcept;
   // The same, telling `instead` too: a listener that is being destroyed can
@@ -158,6 +159,8 @@ class Communicator final : public AllocationObserver,
 
   // The asynchronous error NCCL recorded, ncclSuccess when there is none.
   ncclResult_t asyncError();
+  // NCCL's last error message (ncclGetLastError), empty once aborted.
+  std::string lastError();
 
   // Resources (see resources.h), tracked until closed.
   std::shared_ptr<RegisteredBuffer> registerBuffer(void* ptr, size_t bytes);

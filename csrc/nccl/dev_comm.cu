@@ -9,6 +9,7 @@
 #include "nccl/dev_comm.h"
 #include "nccl/errors.h"
 #include "nccl/version.h"
+#include "nccl/window_pointers.h"
 
 namespace nccl_core {
 
@@ -131,10 +132,44 @@ void DevComm::release(ncclComm_t comm) noexcept {
   NCCL_CORE_WARN(nccl().devCommDestroy(comm, &devCommOf(devComm_)));
 }
 
+namespace {
+// Peers outside this rank's LSA team (other nodes, or ranks sharing a GPU as
+// nodes) are reached only through GPU-initiated networking: refused here,
+// before NCCL, where it has none (NCCL's own refusal leaves the communicator
+// unfit for later window registrations).
+void requireEveryPeerReachable(Communicator& comm) {
+  const int lsaSize = lsaTeam(comm).size;
+  if (lsaSize == comm.size()) {
+    return;
+  }
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 0)
+  const bool gin = ginType(comm, /*railed=*/false) != NCCL_GIN_TYPE_NONE;
+  const char* why = "NCCL has no GPU-initiated networking (GIN) on it";
+#else
+  const bool gin = false;
+  const char* why =
+      "telling whether GPU-initiated networking (GIN) reaches them needs an "
+      "extension built against NCCL >= 2.29";
+#endif
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      gin,
+      "nccl_core create_dev_comm: ",
+      comm.size() - lsaSize,
+      " of the ",
+      comm.size(),
+      " ranks of ",
+      comm.label(),
+      " are not load/store reachable from this rank (no NVLink or PCIe P2P "
+      "mapping), and ",
+      why);
+}
+} // namespace
+
 std::shared_ptr<DevComm> createDevComm(
     Communicator& comm,
     const std::map<std::string, int64_t>& requirements) {
   requireBuildRelease("create_dev_comm");
+  requireEveryPeerReachable(comm);
   ncclDevCommRequirements_t r = defaultRequirements();
   for (const auto& [name, value] : requirements) {
     setField(r, name, value);

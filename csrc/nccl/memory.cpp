@@ -10,9 +10,9 @@
 
 #include "nccl/allocations.h"
 #include "nccl/api.h"
-#include "nccl/blocking_wait.h"
 #include "nccl/dtypes.h"
 #include "nccl/errors.h"
+#include "nccl/stream_ordered_free.h"
 
 namespace nccl_core {
 
@@ -20,43 +20,34 @@ namespace {
 
 void* allocate(size_t bytes, c10::DeviceIndex device) {
   c10::cuda::CUDAGuard guard(device);
+  freeFinished(/*wait=*/false);
   void* ptr = nullptr;
-  NCCL_CORE_CHECK(nccl().memAlloc(&ptr, bytes));
+  if (nccl().memAlloc(&ptr, bytes) != ncclSuccess) {
+    // Memory freed but still in use on some stream may be what is missing.
+    freeFinished(/*wait=*/true);
+    NCCL_CORE_CHECK(nccl().memAlloc(&ptr, bytes));
+  }
   recordAllocation(ptr, bytes, device);
   return ptr;
 }
 
-void synchronizeDevice(void* /*unused*/) {
-  C10_CUDA_CHECK_WARN(cudaDeviceSynchronize());
-}
-
-// `withoutGil`: only where no lock of torch's is held (a tensor's deleter);
-// the MemPool free runs under the caching allocator's lock, which a thread
-// that took the GIL meanwhile could be waiting for.
-void release(void* ptr, c10::DeviceIndex device, bool withoutGil) {
-  c10::cuda::CUDAGuard guard(device);
-  // ncclMemFree unmaps at once; kernels on any stream may still use the
-  // memory, so wait for the device first (as the caching allocator does
-  // before it hands memory back).
-  if (withoutGil) {
-    runBlockingWait(synchronizeDevice, nullptr);
-  } else {
-    synchronizeDevice(nullptr);
-  }
-  // Registrations of this memory go first: NCCL must not keep a handle to
-  // an address that a later allocation may reuse.
-  forgetAllocation(ptr);
-  NCCL_CORE_WARN(nccl().memFree(ptr));
-}
-
-struct Allocation {
+// A tensor's allocation: freed after the work on the stream it was allocated
+// on and on the freeing thread's current stream (the caching allocator's
+// contract; ops of async Work keep their tensors until they are done).
+struct TensorAllocation {
   void* ptr;
   c10::DeviceIndex device;
+  cudaStream_t stream;
 };
 
 void deleteAllocation(void* context) {
-  auto* allocation = static_cast<Allocation*>(context);
-  release(allocation->ptr, allocation->device, /*withoutGil=*/true);
+  auto* allocation = static_cast<TensorAllocation*>(context);
+  const cudaStream_t streams[] = {
+      allocation->stream,
+      c10::cuda::getCurrentCUDAStream(allocation->device).stream()};
+  // No lock of torch's is held in a tensor's deleter.
+  freeAfter(
+      allocation->ptr, allocation->device, streams, /*mayReleaseGil=*/true);
   delete allocation;
 }
 
@@ -70,7 +61,13 @@ class NcclAllocator final : public c10::Allocator {
       return {nullptr, nullptr, &c10::detail::deleteNothing, device};
     }
     void* ptr = nccl_core::allocate(bytes, device_);
-    return {ptr, new Allocation{ptr, device_}, &deleteAllocation, device};
+    const cudaStream_t stream =
+        c10::cuda::getCurrentCUDAStream(device_).stream();
+    return {
+        ptr,
+        new TensorAllocation{ptr, device_, stream},
+        &deleteAllocation,
+        device};
   }
 
   void
@@ -141,7 +138,10 @@ void nccl_core_pool_free(
     void* ptr,
     ssize_t /*size*/,
     int device,
-    cudaStream_t /*stream*/) {
-  nccl_core::release(
-      ptr, static_cast<c10::DeviceIndex>(device), /*withoutGil=*/false);
+    cudaStream_t stream) {
+  // The caching allocator waited for the streams its blocks were recorded on;
+  // the segment's own stream may still be using it. This runs under the
+  // allocator's lock, which a thread that took the GIL meanwhile could be
+  // waiting for: no wait here lets go of the GIL.
+  nccl_core::freeAfter(ptr, device, stream, /*mayReleaseGil=*/false);
 }

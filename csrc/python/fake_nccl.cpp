@@ -112,6 +112,11 @@ ncclResult_t abortComm(ncclComm_t comm) {
   return ncclSuccess;
 }
 
+ncclResult_t revokeComm(ncclComm_t comm, int /*flags*/) {
+  FakeNccl::current().revoke(fakeOf(comm));
+  return ncclSuccess;
+}
+
 // The fake communicator among an entry point's arguments, if this one is it.
 template <typename Arg>
 FakeNccl::Comm* commAmong(FakeNccl::Comm* found, Arg arg) {
@@ -204,7 +209,7 @@ cudaError_t exchangeCaptureMode(cudaStreamCaptureMode* /*mode*/) {
 
 } // namespace
 
-FakeNccl::FakeNccl(bool realCuda) {
+FakeNccl::FakeNccl(bool realCuda, bool revoke) {
   table_.getVersion = realNccl().getVersion; // features stay the runtime's
   table_.getErrorString = realNccl().getErrorString;
   table_.getUniqueId = &getUniqueId;
@@ -216,6 +221,7 @@ FakeNccl::FakeNccl(bool realCuda) {
   table_.commCount = &count;
   table_.commGetAsyncError = &asyncError;
   table_.commAbort = &abortComm;
+  table_.commRevoke = revoke ? &revokeComm : nullptr;
   table_.groupStart = &group;
   table_.groupEnd = &group;
   scriptNothing<kAllReduce>(table_.allReduce);
@@ -371,7 +377,12 @@ ncclResult_t FakeNccl::enter(const char* call, Comm* comm) {
       comm->pending = call;
       return ncclInProgress;
     }
-    released_.wait(lock, [&] { return held_.count(call) == 0; });
+    released_.wait(lock, [&] {
+      return held_.count(call) == 0 || (comm != nullptr && comm->revoked);
+    });
+    if (comm != nullptr && comm->revoked) {
+      return ncclInternalError; // as NCCL's bootstrap does on its abort flag
+    }
   }
   const auto failure = failNext_.find(call);
   if (failure != failNext_.end()) {
@@ -410,6 +421,16 @@ ncclResult_t FakeNccl::asyncState(Comm* comm, ncclResult_t* state) {
   }
   *state = asyncError_;
   return ncclSuccess;
+}
+
+void FakeNccl::revoke(Comm* comm) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++calls_["ncclCommRevoke"];
+    usedAfterFree_ += comm->freed ? 1 : 0;
+    comm->revoked = true;
+  }
+  released_.notify_all();
 }
 
 void FakeNccl::abort(Comm* comm) {

@@ -1,12 +1,12 @@
 // A scripted NCCL for CPU tests, installed as the NcclApi table (api.h):
 // communicators are host objects, a call can be held inside NCCL (a blocking
-// communicator's thread waits; a nonblocking one's call stays ncclInProgress)
-// or made to fail, and misuse that would crash real NCCL (ncclCommAbort under
-// a call in progress, a call on a freed communicator) is counted instead.
-// Collectives and point-to-point calls enqueue nothing, so that a benchmark
-// on a GPU can tell the backend's host time from NCCL's; registrations and
-// windows hand out handles that stand for nothing. Entry points no such path
-// reaches (memory, one-sided) stay null.
+// communicator's thread waits until released or revoked; a nonblocking one's
+// call stays ncclInProgress) or made to fail, and misuse that would crash real
+// NCCL (ncclCommAbort under a call in progress, a call on a freed communicator)
+// is counted instead. Collectives and point-to-point calls enqueue nothing, so
+// that a benchmark on a GPU can tell the backend's host time from NCCL's;
+// registrations and windows hand out handles that stand for nothing. Entry
+// points no such path reaches (memory, one-sided) stay null.
 #pragma once
 
 #include <condition_variable>
@@ -26,7 +26,8 @@ class FakeNccl {
   // Installs the fake; one at a time. With `realCuda` the CUDA runtime calls
   // of the table stay the runtime's (on a GPU: the watchdog's thread-local
   // capture mode must hold while another thread captures a CUDA graph).
-  explicit FakeNccl(bool realCuda = false);
+  // Without `revoke` the table has no ncclCommRevoke (NCCL < 2.28.7).
+  explicit FakeNccl(bool realCuda = false, bool revoke = true);
   FakeNccl(const FakeNccl&) = delete;
   FakeNccl& operator=(const FakeNccl&) = delete;
   // Reinstalls NCCL's own table.
@@ -61,6 +62,8 @@ class FakeNccl {
     int size;
     bool blocking;
     bool freed = false;
+    // ncclCommRevoke raised its abort flag: held calls return an error.
+    bool revoked = false;
     int inside = 0;
     std::string pending; // a nonblocking call still in progress
     // Where a pending split or shrink writes its child once it completes
@@ -89,6 +92,7 @@ class FakeNccl {
   void noteShrinkFlags(int flags);
   ncclResult_t asyncState(Comm* comm, ncclResult_t* state);
   void abort(Comm* comm);
+  void revoke(Comm* comm);
 
  private:
   Comm*

@@ -183,7 +183,10 @@ void bindFakeNccl(py::module_& testing) {
       "FakeNccl",
       "Installs a scripted NCCL until uninstall() (see fake_nccl.h); "
       "communicators of the fake come from create_communicator.")
-      .def(py::init<bool>(), py::arg("real_cuda") = false)
+      .def(
+          py::init<bool, bool>(),
+          py::arg("real_cuda") = false,
+          py::arg("revoke") = true)
       .def("uninstall", &Fake::uninstall)
       .def("hold", &Fake::hold, py::arg("call"))
       .def("release", &Fake::release, py::arg("call"))

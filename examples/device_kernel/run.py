@@ -18,7 +18,8 @@ from build import build
 
 
 def main() -> None:
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    # Ranks may outnumber GPUs (python -m torch_nccl_core.launch): they share them then.
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
     torch.cuda.set_device(device)
     dist.init_process_group("nccl_core", device_id=device)
     rank, world = dist.get_rank(), dist.get_world_size()

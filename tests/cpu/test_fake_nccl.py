@@ -71,9 +71,9 @@ def test_failed_init_names_the_call_and_frees_the_communicator(fake):
     assert fake.calls("ncclCommAbort") == 1
 
 
-@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "nonblocking"])
-def test_abort_never_frees_the_communicator_under_a_call(fake, blocking):
-    """Abort while another thread is inside a collective host call (here a split)."""
+def abort_inside_a_split(fake, blocking: bool):
+    """Aborts `comm` while a thread is held inside its ncclCommSplit; (comm, thread, outcome,
+    when the abort was called). The abort itself must not wait for the call."""
     comm = create(blocking=blocking)
     fake.hold("ncclCommSplit")
     thread, outcome = in_thread(lambda: testing.split(comm, 0, 0))
@@ -81,6 +81,36 @@ def test_abort_never_frees_the_communicator_under_a_call(fake, blocking):
     start = time.monotonic()
     testing.abort(comm)
     assert time.monotonic() - start < 0.5, "abort() must not wait for the call"
+    return comm, thread, outcome, start
+
+
+def test_abort_ends_a_blocking_host_call_another_thread_is_in(fake):
+    """A blocking split waits in NCCL's bootstrap for peers that may never come: abort() raises
+    NCCL's abort flag (ncclCommRevoke) without freeing the communicator under the call, which
+    then returns; the free follows once it has."""
+    _, thread, outcome, start = abort_inside_a_split(fake, blocking=True)
+    thread.join(timeout=2)
+    returned_s = time.monotonic() - start
+    fake.release("ncclCommSplit")
+    assert not thread.is_alive(), "the split was left blocked"
+    assert returned_s < 1.0
+    assert fake.calls("ncclCommRevoke") == 1
+    assert isinstance(outcome.get("error"), dist.DistBackendError), outcome
+    assert "group 'g' was aborted" in str(outcome["error"])
+    assert fake.calls("ncclCommAbort") == 1  # after the call left (the fixture checks)
+
+
+@pytest.mark.parametrize(
+    ("fake", "blocking"),
+    [({"revoke": False}, True), ({}, False)],
+    ids=["blocking-without-revoke", "nonblocking"],
+    indirect=["fake"],
+)
+def test_abort_never_frees_the_communicator_under_a_call(fake, blocking):
+    """Abort while another thread is inside a collective host call (here a split), where NCCL
+    cannot end the call: without ncclCommRevoke a blocking call runs on; a nonblocking one is
+    settled by polling, which the abort ends."""
+    comm, thread, outcome, _ = abort_inside_a_split(fake, blocking)
     assert comm.is_aborted
     if blocking:
         # Still inside NCCL: the free waits for the call to return.
@@ -200,18 +230,23 @@ def watchdog(comm, store, timeout_s: float = 30.0):
     return testing.Watchdog(comm, store, "g", "abort-key", timedelta(seconds=timeout_s))
 
 
-def test_watchdog_aborts_on_an_asynchronous_error_and_tells_peers(fake):
+def test_an_asynchronous_error_while_idle_fails_the_group_quietly(fake, capfd):
+    """No op in flight: on the network transport that is a peer that closed its connections (a
+    clean teardown). The group fails, so that the next op raises at once, but nothing is logged
+    and no peer is told."""
     comm = create()
     store = dist.HashStore()
     dog = watchdog(comm, store)
     fake.set_async_error(NCCL_REMOTE_ERROR)
     elapsed = wait_for(lambda: dog.failure is not None, timeout_s=2.0)
     assert elapsed < 0.5  # polled every 50 ms
-    assert "asynchronous error on group 'g'" in dog.failure
-    assert "ncclRemoteError" in dog.failure
+    assert "group 'g' failed while no op was in flight" in dog.failure
+    assert "asynchronous error: ncclRemoteError" in dog.failure
+    assert "last message: fake NCCL" in dog.failure
     assert comm.is_aborted and fake.calls("ncclCommAbort") == 1
-    assert "ncclRemoteError" in store.get("abort-key").decode()
+    assert not store.check(["abort-key"])
     dog.stop()
+    assert "[nccl_core]" not in capfd.readouterr().err
 
 
 def test_watchdog_follows_a_peers_abort(fake):
@@ -229,7 +264,8 @@ def test_watchdog_follows_a_peers_abort(fake):
 def test_abort_hooks_run_in_id_order_before_the_abort(fake):
     """c10d's abort hooks (torch >= 2.14): run before ncclCommAbort, a failing one is logged."""
     comm = create()
-    dog = watchdog(comm, dist.HashStore())
+    store = dist.HashStore()
+    dog = watchdog(comm, store)
     seen = []
 
     def failing():
@@ -238,7 +274,7 @@ def test_abort_hooks_run_in_id_order_before_the_abort(fake):
     dog.add_abort_hook(2, lambda: seen.append(("second", fake.calls("ncclCommAbort"))))
     dog.add_abort_hook(1, failing)
     dog.add_abort_hook(0, lambda: seen.append(("first", fake.calls("ncclCommAbort"))))
-    fake.set_async_error(NCCL_REMOTE_ERROR)
+    store.set("abort-key", "rank 1 failed")  # a failure the watchdog detects: hooks run
     wait_for(lambda: dog.failure is not None)
     assert seen == [("first", 0), ("second", 0)]
     assert fake.calls("ncclCommAbort") == 1

@@ -1,8 +1,13 @@
-"""GPU suite: one pytest session per rank, one GPU each, launched as
+"""GPU suite: one pytest session per rank, launched as
 
     torchrun --nproc-per-node=N -m pytest tests/gpu -q
 
-with N a power of two up to the machine's GPU count (the GPU job uses them all). Every session
+with N a power of two, on GPU LOCAL_RANK % GPU count. Where ranks outnumber the GPUs they share
+them, as nodes of their own (torch_nccl_core.launch gives each its NCCL_HOSTID):
+
+    python -m torch_nccl_core.launch --mps --nproc-per-node=N -m pytest tests/gpu -q
+
+Every session
 collects the same tests in the same order, so each collective a test issues meets its partners
 on the other ranks; a test that needs more ranks than the world has is skipped
 (helpers.needs_ranks).
@@ -11,7 +16,7 @@ Rules for tests in this folder:
     (a skip decided from the same facts on every rank is fine);
   * run every collective of a test first and assert afterwards, so a failed assertion on one
     rank leaves the ranks in step for the next test.
-Without torchrun and a GPU per rank every test here is skipped.
+Without torchrun and a GPU every test here is skipped.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pathlib
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -26,10 +32,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from .helpers import WORLD_SIZE
+from .helpers import WORLD_SIZE, local_device
 
 GPU_DIR = pathlib.Path(__file__).resolve().parent
-SKIP_REASON = "needs torchrun --nproc-per-node=N with a GPU per rank; see README"
+SKIP_REASON = "needs torchrun --nproc-per-node=N and a GPU; see README"
+SHARED_GPU_REASON = (
+    "ranks share a GPU without a host id each: launch with python -m torch_nccl_core.launch"
+)
 # Per-test limit (pytest-timeout, where installed). The thread method dumps every stack and ends
 # the process: a rank hung inside a CUDA or NCCL wait cannot be interrupted by a signal.
 TEST_TIMEOUT_S = 120
@@ -40,13 +49,16 @@ def _in_gpu_dir(item: pytest.Item) -> bool:
     return GPU_DIR in pathlib.Path(item.path).resolve().parents
 
 
-def _launched_with_a_gpu_per_rank() -> bool:
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
-    return (
-        "WORLD_SIZE" in os.environ
-        and "LOCAL_RANK" in os.environ
-        and 0 < local_ranks <= torch.cuda.device_count()
-    )
+def _why_not_runnable() -> str | None:
+    """Why this session cannot run the suite; None if it can."""
+    if not ("WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ):
+        return SKIP_REASON
+    gpus = torch.cuda.device_count()
+    if gpus == 0:
+        return SKIP_REASON
+    if int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > gpus and "NCCL_HOSTID" not in os.environ:
+        return SHARED_GPU_REASON  # NCCL would refuse two ranks on one GPU of one host
+    return None
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -58,7 +70,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ours = [item for item in items if _in_gpu_dir(item)]
     if not ours:
         return
-    skip = None if _launched_with_a_gpu_per_rank() else pytest.mark.skip(reason=SKIP_REASON)
+    reason = _why_not_runnable()
+    skip = None if reason is None else pytest.mark.skip(reason=reason)
     if skip is None and WORLD_SIZE & (WORLD_SIZE - 1):
         # NCCL averages by summing inputs premultiplied by 1 / world, which rounds unless the
         # world is a power of two: the expected values would not be exact.
@@ -100,6 +113,33 @@ def _new_reference_group() -> dist.ProcessGroup:
     return dist.new_group(backend=REFERENCE_BACKEND)
 
 
+class _Deadline:
+    """NCCL_CORE_SUITE_DEADLINE_S: past that many seconds, every rank stops after the same test,
+    so that a run cut by the time it has still reports what ran. The ranks agree after each test
+    over a gloo group (a few hundred microseconds), so that none runs ahead into a collective."""
+
+    def __init__(self) -> None:
+        limit = os.environ.get("NCCL_CORE_SUITE_DEADLINE_S")
+        self.end = time.monotonic() + float(limit) if limit else None
+        self.group: dist.ProcessGroup | None = None
+        self.session: pytest.Session | None = None
+
+    def check(self) -> None:
+        if self.end is None or self.group is None or not dist.is_initialized():
+            return
+        past = torch.tensor([int(time.monotonic() > self.end)])
+        dist.all_reduce(past, op=dist.ReduceOp.MAX, group=self.group)
+        if past.item():
+            self.session.shouldstop = "NCCL_CORE_SUITE_DEADLINE_S reached"
+
+
+_DEADLINE = _Deadline()
+
+
+def pytest_runtest_logfinish(nodeid: str, location) -> None:
+    _DEADLINE.check()
+
+
 def _exit_unless_same_tests(session: pytest.Session) -> None:
     """Stop every session if the ranks selected different tests: their collectives would hang.
 
@@ -109,7 +149,10 @@ def _exit_unless_same_tests(session: pytest.Session) -> None:
     digests = [None] * WORLD_SIZE
     group = dist.new_group(backend="gloo")
     dist.all_gather_object(digests, hashlib.sha256(ids.encode()).hexdigest(), group=group)
-    dist.destroy_process_group(group)
+    if _DEADLINE.end is not None:
+        _DEADLINE.group, _DEADLINE.session = group, session
+    else:
+        dist.destroy_process_group(group)
     if len(set(digests)) != 1:
         pytest.exit("the ranks collected different tests; run the same command on every rank", 3)
 
@@ -119,7 +162,7 @@ def _distributed(request: pytest.FixtureRequest) -> Iterator[torch.device]:
     """The default process group, on nccl_core, for the whole session."""
     import torch_nccl_core  # noqa: F401 - registers the "nccl_core" backend
 
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    device = local_device()
     torch.cuda.set_device(device)
     dist.init_process_group("nccl_core", device_id=device)
     assert dist.get_world_size() == WORLD_SIZE

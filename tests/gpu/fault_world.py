@@ -3,14 +3,16 @@ line of what it saw. The parent test asserts on it, and on this process ending i
 code 0: a hang or crash is the failure being looked for.
 
 Started by test_failure_semantics.py, one process per rank, with RANK / WORLD_SIZE / MASTER_ADDR
-/ MASTER_PORT set. Scenarios set and bind cuda:RANK, except those that show what happens when a
-program does neither.
+/ MASTER_PORT set. Scenarios set and bind cuda:RANK % GPU count (ranks may share a GPU), except
+those that show what happens when a program does neither.
 """
 
 import functools
 import gc
 import json
 import os
+import random
+import signal
 import sys
 import threading
 import time
@@ -24,7 +26,7 @@ import torch_nccl_core
 
 RANK = int(os.environ["RANK"])
 WORLD = int(os.environ["WORLD_SIZE"])
-DEVICE = torch.device("cuda", RANK)
+DEVICE = torch.device("cuda", RANK % torch.cuda.device_count())  # ranks may share a GPU
 NUMEL = 4 << 20  # 16 MiB of float32: each all_reduce keeps the GPU busy for a while
 
 
@@ -52,16 +54,17 @@ def init(job_store, timeout_s: float = 30.0, bind: bool = True) -> None:
     )
 
 
-def summed(value: float) -> float:
-    """What an all_reduce of `value + rank` over the world gives."""
-    return sum(value + r for r in range(WORLD))
+def summed(value: float, world: int = WORLD) -> float:
+    """What an all_reduce of `value + rank` over a world of `world` ranks gives."""
+    return sum(value + r for r in range(world))
 
 
 def probe() -> bool:
-    """One all_reduce; whether it gave the right sum."""
+    """One all_reduce over the default group (a shrink may have made it smaller); whether it
+    gave the right sum."""
     t = torch.full((1024,), 1.0 + RANK, device=DEVICE)
     dist.all_reduce(t)
-    return bool((t == summed(1.0)).all())
+    return bool((t == summed(1.0, dist.get_world_size())).all())
 
 
 def destroy_after_sync_ops(job_store) -> dict:
@@ -553,8 +556,8 @@ def _nccl_memory_in_use() -> tuple[torch.Tensor, torch.Tensor]:
 
 def free_nccl_memory_on_thread(job_store) -> dict:
     """The last reference to NCCL memory dropped on a Python thread while the GPU is busy and the
-    main thread spins in Python: the free waits for the device without the GIL, so the main
-    thread never stalls for that wait."""
+    main thread spins in Python: the free is stream-ordered (it waits for nothing), and the
+    memory and its registration go once the GPU is done with them (seen after the next op)."""
     init(job_store)
     probe()
     comm = torch_nccl_core.communicator()
@@ -568,21 +571,20 @@ def free_nccl_memory_on_thread(job_store) -> dict:
         start = time.monotonic()
         holder.clear()  # the last reference: NCCL memory freed on this thread
         gc.collect()
-        seconds = time.monotonic() - start
-        counts["after"] = comm._resource_count()
-        return seconds
+        return time.monotonic() - start
 
     report = beside_spin(free, "freer")
     report["free_s"] = report.pop("result")
-    report["freed_on_thread"] = counts.get("after", 1) < counts.get("before", 0)
+    torch.cuda.synchronize(DEVICE)
     report["correct"] = bool((copy == summed(1.0)).all()) and probe()
+    report["freed_on_thread"] = comm._resource_count() < counts.get("before", 0)
     dist.destroy_process_group()
     return report
 
 
 def free_nccl_memory_beside_thread(job_store) -> dict:
     """The reverse: the last reference to NCCL memory dropped on the main thread, GPU busy, while
-    another Python thread spins: that thread never stalls for the free's device wait."""
+    another Python thread spins: the free waits for nothing, so no thread stalls for it."""
     init(job_store)
     probe()
     comm = torch_nccl_core.communicator()
@@ -596,14 +598,13 @@ def free_nccl_memory_beside_thread(job_store) -> dict:
     del memory  # the last reference: NCCL memory freed on the main thread
     gc.collect()
     free_s = time.monotonic() - start
-    after = comm._resource_count()
     time.sleep(0.05)
     stop.set()
     spinner.join(THREAD_LIMIT_S)
     torch.cuda.synchronize(DEVICE)
     report = {**spinner.report(), **(spinner.result or {}), "free_s": free_s}
-    report["freed_on_main"] = after < before
     report["correct"] = bool((copy == summed(1.0)).all()) and probe()
+    report["freed_on_main"] = comm._resource_count() < before
     dist.destroy_process_group()
     return report
 
@@ -767,11 +768,12 @@ def _lonely_call(call: Callable[[], object], backend) -> dict:
 def abort_during_host_call(job_store, call: str, how: str) -> dict:
     """Rank 0 is inside a collective host call that rank 1 never joins when the group is aborted
     (by a Python thread, or by its timeout): the call raises DistBackendError, nothing crashes,
-    destroy returns."""
+    destroy returns. "abort_blocking": a blocking communicator, which only NCCL's abort flag
+    (ncclCommRevoke) gets out of its bootstrap wait; only nonblocking ones time out."""
     timeout_s = SHORT_TIMEOUT_S if how == "timeout" else LONG_TIMEOUT_S
     report: dict = {"call": call, "how": how, "timeout_s": timeout_s}
-    # Only nonblocking communicators return from a call a peer never joins (docs/design.md).
-    os.environ["TORCH_NCCL_USE_COMM_NONBLOCKING"] = "1"
+    if how != "abort_blocking":
+        os.environ["TORCH_NCCL_USE_COMM_NONBLOCKING"] = "1"
     setup = HOST_CALLS[call](job_store, timeout_s)
     if isinstance(setup, str):
         report["skipped"] = setup
@@ -779,7 +781,7 @@ def abort_during_host_call(job_store, call: str, how: str) -> dict:
         lonely, backend = setup
         meet(job_store, "ready")  # rank 1 is idle from here on
         if RANK == 0:
-            report.update(_lonely_call(lonely, backend if how == "abort" else None))
+            report.update(_lonely_call(lonely, None if how == "timeout" else backend))
         else:
             # Not joining: rank 1's communicator stays alive until rank 0 is done, so that only
             # the abort (or the timeout) can end rank 0's call.
@@ -801,7 +803,117 @@ def abort_during_host_call(job_store, call: str, how: str) -> dict:
     return report
 
 
+# --- Faults as ranks on other nodes (or sharing a GPU) meet them --------------------------------
+
+CHURN_TIMEOUT_S = 12.0
+CHURN_ITERATIONS = 300
+
+
+def nccl_memory_churn_on_two_threads(job_store) -> dict:
+    """Two Python threads, each with a group of the same two ranks and a stream of its own; each
+    iteration reduces a new NCCL-memory tensor that is freed right after, with random per-rank
+    skew. Was: each free synchronized the whole device, so it waited for the other thread's
+    collective, whose peer waited in the same way for this thread's next op: both groups ended
+    in a false "collective operation timeout"."""
+    init(job_store)
+    groups = [
+        dist.new_group(backend="nccl_core", timeout=timedelta(seconds=CHURN_TIMEOUT_S))
+        for _ in range(2)
+    ]
+    for group in groups:  # communicators made in step, before the threads run
+        dist.all_reduce(torch.ones(1, device=DEVICE), group=group)
+    torch.cuda.synchronize(DEVICE)
+    outcomes: list[dict] = [{}, {}]
+
+    def churn(index: int) -> None:
+        rng = random.Random(1000 * RANK + index)
+        stream = torch.cuda.Stream(DEVICE)
+        try:
+            with torch.cuda.stream(stream):
+                total = torch.zeros(1 << 14, device=DEVICE, dtype=torch.float64)
+                for i in range(CHURN_ITERATIONS):
+                    time.sleep(rng.random() * 0.002)
+                    t = torch_nccl_core.empty(1 << 14, device=DEVICE).fill_(1.0 + RANK + i % 7)
+                    dist.all_reduce(t, group=groups[index])
+                    total.add_(t)
+                    del t  # freed with its all_reduce just enqueued, the host not waiting
+            stream.synchronize()
+            expected = sum(summed(1.0 + i % 7) for i in range(CHURN_ITERATIONS))
+            outcomes[index] = {"correct": bool((total == expected).all())}
+        except Exception as e:  # reported to the parent
+            outcomes[index] = {"error": f"{type(e).__name__}: {e}"[:1500]}
+
+    start = time.monotonic()
+    threads = [threading.Thread(target=churn, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(CHURN_TIMEOUT_S * 4)
+    report = {
+        "elapsed_s": time.monotonic() - start,
+        "threads_done": not any(thread.is_alive() for thread in threads),
+        "outcomes": outcomes,
+    }
+    dist.destroy_process_group()
+    return report
+
+
+def peer_killed_mid_all_reduce(job_store) -> dict:
+    """Rank 1 enqueues an all_reduce and SIGKILLs itself: rank 0's DistBackendError names the
+    op, its sequence number and the group (NCCL's own words say what happened)."""
+    timeout_s = 10.0
+    init(job_store, timeout_s)
+    probe()
+    torch.cuda.synchronize(DEVICE)
+    meet(job_store, "ready")
+    big = torch.ones(NUMEL, device=DEVICE)
+    if RANK == 1:
+        dist.all_reduce(big)
+        time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGKILL)
+    start = time.monotonic()
+    report: dict = {"timeout_s": timeout_s}
+    try:
+        for _ in range(4):  # the first one pairs with rank 1's
+            dist.all_reduce(big)
+        torch.cuda.synchronize(DEVICE)
+        while time.monotonic() - start < timeout_s + 10.0:
+            probe()
+            time.sleep(0.05)
+        report["error"] = None
+    except dist.DistBackendError as e:
+        report["error"] = str(e)[:2000]
+    report["error_s"] = time.monotonic() - start
+    start = time.monotonic()
+    dist.destroy_process_group()
+    report["destroy_s"] = time.monotonic() - start
+    return report
+
+
+def clean_teardown(job_store, first: int) -> dict:
+    """A correct run: ops, then rank `first` destroys its group (closing its connections) while
+    the other stays idle for 2 s (its watchdog polls meanwhile), then destroys too. Nothing may
+    be logged: the parent reads both ranks' stderr."""
+    init(job_store)
+    correct = all(probe() for _ in range(5))
+    torch.cuda.synchronize(DEVICE)
+    meet(job_store, "ops_done")
+    if RANK == first:
+        dist.destroy_process_group()
+        job_store.set("first_destroyed", "1")
+    else:
+        job_store.wait(["first_destroyed"], timedelta(seconds=60))
+        time.sleep(2.0)
+        dist.destroy_process_group()
+    meet(job_store, "both_destroyed")  # the store's host (rank 0) outlives rank 1's use of it
+    return {"correct": correct}
+
+
 SCENARIOS = {
+    "nccl_memory_churn_on_two_threads": nccl_memory_churn_on_two_threads,
+    "peer_killed_mid_all_reduce": peer_killed_mid_all_reduce,
+    "clean_teardown_rank0_first": lambda s: clean_teardown(s, 0),
+    "clean_teardown_rank1_first": lambda s: clean_teardown(s, 1),
     "destroy_after_sync_ops": destroy_after_sync_ops,
     "host_ahead_of_gpu": host_ahead_of_gpu,
     "capture_after_eager": capture_after_eager,
@@ -825,7 +937,7 @@ SCENARIOS.update(
     {
         f"{how}_during_{call}": functools.partial(abort_during_host_call, call=call, how=how)
         for call in HOST_CALLS
-        for how in ("abort", "timeout")
+        for how in ("abort", "timeout", "abort_blocking")
     }
 )
 

@@ -52,6 +52,51 @@ ROOT_MODES = [
 ]
 
 
+def local_device(local_rank: int | None = None) -> torch.device:
+    """The GPU of a rank of this node: LOCAL_RANK % GPU count (ranks may share GPUs)."""
+    if local_rank is None:
+        local_rank = int(os.environ["LOCAL_RANK"])
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+def ranks_share_gpus(world: int = WORLD_SIZE) -> bool:
+    """Whether `world` ranks on this machine put two on one GPU: they reach each other only
+    through NCCL's network transport then, never by load/store."""
+    return world > torch.cuda.device_count()
+
+
+def load_store_reachable(group: dist.ProcessGroup | None = None) -> bool:
+    """Whether every rank of `group` maps the others' memory (one NVLink or PCIe P2P domain).
+    Where ranks share a GPU, as nodes of their own, or sit on other nodes, they do not: features
+    that need it refuse clearly or leave the op to NCCL (the cross-node contract)."""
+    comm = torch_nccl_core.communicator(group)
+    return comm.lsa_size == comm.size
+
+
+def one_sided_refusal(group: dist.ProcessGroup | None = None) -> str | None:
+    """None where one-sided ops reach every peer of `group`; else a pattern of the
+    NotImplementedError they raise before anything is enqueued: peers that are not load/store
+    reachable need NCCL's own one-sided API (NCCL >= 2.29)."""
+    if load_store_reachable(group) or torch_nccl_core.one_sided_engine() == "nccl":
+        return None
+    return r"not load/store reachable.*NCCL >= 2\.29"
+
+
+def one_sided_refused(call: Callable[[], object], group: dist.ProcessGroup | None = None) -> bool:
+    """Where one-sided ops cannot reach the peers of `group` (other nodes, NCCL < 2.29), `call`
+    must raise a clear NotImplementedError before anything is enqueued, and the group stays
+    usable: True then (the caller has checked the cross-node contract and ends its test); False
+    where one-sided ops can run. Collective: every rank decides alike."""
+    refusal = one_sided_refusal(group)
+    if refusal is None:
+        return False
+    error = raised_by(call)
+    probe = probe_group(group)
+    assert_raised(error, NotImplementedError, refusal)
+    assert_equal(*probe)
+    return True
+
+
 def needs_ranks(count: int) -> pytest.MarkDecorator:
     """Skips a test in a world of fewer than `count` ranks (on every rank alike)."""
     return pytest.mark.skipif(

@@ -32,7 +32,7 @@ from torch_nccl_core import WaitSignalDesc, ops  # noqa: E402
 RANK = int(os.environ["RANK"])
 WORLD = int(os.environ["WORLD_SIZE"])
 PEER = 1 - RANK
-DEVICE = torch.device("cuda", RANK)
+DEVICE = fault_world.DEVICE
 TIMEOUT_S = 3.0  # the scenario group's; test_one_sided_faults.py reads it from the report
 NUMEL = 1024
 # Kept until exit: freeing NCCL memory waits for the device, which must not happen before the

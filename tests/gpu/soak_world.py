@@ -3,7 +3,8 @@ destroy, in two long-lived worker processes, watched by an orchestrator that enf
 
     python tests/gpu/soak_world.py --cycles 200 --seed 0 --out soak_report.json
 
-needs two GPUs and no launcher (the script starts its own processes). tests/gpu/test_soak.py runs a
+needs two GPUs, or one GPU and NCCL_HOSTID set (any value: the workers then share it as nodes of
+their own), and no launcher (the script starts its own processes). tests/gpu/test_soak.py runs a
 short version from the GPU suite.
 
 Processes:
@@ -627,7 +628,7 @@ def worker_main(args: argparse.Namespace) -> int:
     import torch_nccl_core  # registers "nccl_core"
 
     rank = args.worker_rank
-    device = torch.device("cuda", rank)
+    device = torch.device("cuda", rank % torch.cuda.device_count())  # ranks may share a GPU
     torch.cuda.set_device(device)
     prime_nccl(device)
     args.windows = bool(torch_nccl_core.features().get("window_registration", False))
@@ -674,15 +675,19 @@ SURVIVOR_DETECTIONS = {  # fault -> {rank role: detection it must report}
 }
 
 
-def worker_env() -> dict[str, str]:
+def worker_env(rank: int) -> dict[str, str]:
     """The workers' environment: no launcher variables (the suite runs under torchrun), NCCL's
-    bootstrap over loopback as in helpers._child_world_env."""
+    bootstrap over loopback as in helpers._child_world_env. Where this process has an
+    NCCL_HOSTID (ranks sharing a GPU, torch_nccl_core.launch), each worker gets one of its own:
+    NCCL refuses two ranks of one host on one GPU."""
     env = {
         k: v
         for k, v in os.environ.items()
         if k not in LAUNCHER_VARS and not k.startswith("TORCHELASTIC")
     }
     env.update(NCCL_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1")
+    if "NCCL_HOSTID" in env:
+        env["NCCL_HOSTID"] = f"{env['NCCL_HOSTID']}-soak{rank}"
     return env
 
 
@@ -739,7 +744,7 @@ class Soak:
         self.logs.append(log)
         with open(log, "w") as sink:
             self.workers[rank] = subprocess.Popen(
-                command, env=worker_env(), stdout=sink, stderr=subprocess.STDOUT
+                command, env=worker_env(rank), stdout=sink, stderr=subprocess.STDOUT
             )
 
     def stop_workers(self, dump_stacks: bool = False) -> None:

@@ -24,6 +24,7 @@ from .helpers import (
     probe_group,
     raised_by,
     rank_tensor,
+    ranks_share_gpus,
     reference_reduce,
     register_close_cycles,
     run_child_world,
@@ -46,6 +47,7 @@ def _cudart() -> ctypes.CDLL:
 
 def read_device(address: int, nbytes: int) -> bytes:
     """The bytes at a raw device address (a peer's mapped window), copied to the host."""
+    assert address, "no address to read"
     host = ctypes.create_string_buffer(nbytes)
     status = _cudart().cudaMemcpy(host, ctypes.c_void_p(address), ctypes.c_size_t(nbytes), 4)
     assert status == 0, f"cudaMemcpy failed with {status}"
@@ -56,7 +58,10 @@ def test_communicator_describes_its_group(rank, world_size, device):
     comm = torch_nccl_core.communicator()
     assert torch_nccl_core.communicator(dist.group.WORLD) is not None
     assert (comm.rank, comm.size, comm.device) == (rank, world_size, device.index)
-    assert (comm.lsa_size, comm.lsa_rank) == (world_size, rank)  # NVLink: one LSA team
+    if ranks_share_gpus():  # every rank a node of its own: an LSA team of one
+        assert (comm.lsa_size, comm.lsa_rank) == (1, 0)
+    else:  # one NVLink host: one LSA team
+        assert (comm.lsa_size, comm.lsa_rank) == (world_size, rank)
     assert not comm.is_aborted
 
 
@@ -97,10 +102,13 @@ def test_window_pointers_reach_every_peer(rank, world_size):
     window = comm.register_window(t, WindowFlag.DEFAULT)
     torch.cuda.synchronize()
     dist.barrier()  # every rank's data is in place
-    peers = {}
+    peers, unmapped = {}, []
     for peer in range(world_size):
         address = window.peer_pointer(peer, offset=8)
-        peers[peer] = (address, read_device(address, t.nbytes - 8))
+        if address is None:  # not load/store reachable: no pointer (the cross-node contract)
+            unmapped.append(peer)
+        else:
+            peers[peer] = (address, read_device(address, t.nbytes - 8))
     lsa = [window.lsa_pointer(r) for r in range(comm.lsa_size)]
     bad_peer = raised_by(lambda: window.peer_pointer(world_size))
     bad_lsa = raised_by(lambda: window.lsa_pointer(comm.lsa_size))
@@ -109,10 +117,13 @@ def test_window_pointers_reach_every_peer(rank, world_size):
         pass  # the context manager closes it
     after_close = raised_by(lambda: window.peer_pointer(0))
     assert not window.is_valid
+    reachable = [rank] if ranks_share_gpus() else list(range(world_size))
+    assert sorted(peers) == reachable
+    assert unmapped == [p for p in range(world_size) if p not in reachable]
     for peer, (address, data) in peers.items():
         expected = rank_tensor(SWEEP_NUMEL, torch.int32, peer).cpu().numpy().tobytes()[8:]
         assert data == expected, f"peer {peer}'s window holds other data"
-        assert address == lsa[peer] + 8
+        assert address == lsa[peer - rank + comm.lsa_rank] + 8
     assert_raised(bad_peer, ValueError, "out of range")
     assert_raised(bad_lsa, ValueError, "out of range")
     assert_raised(after_close, RuntimeError, CLOSED)

@@ -22,11 +22,15 @@ from .helpers import (
     WORLD_SIZE,
     all_ranks,
     assert_equal,
+    assert_raised,
     complete,
+    load_store_reachable,
     make_reduce_op,
     needs_ranks,
+    one_sided_refusal,
     poisoned,
     profiled_kernels,
+    raised_by,
     rank_tensor,
     reduce_cases,
     reference_reduce,
@@ -78,33 +82,48 @@ def test_ops_spanning_many_slots_in_a_row(rank, always):
         assert_equal(output, expected)
 
 
+def _profiled_reduce_scatter(group, numel: int, rank: int) -> tuple[list[str], bool]:
+    """The kernels one reduce-scatter ran, and whether its result was right."""
+    results = []
+    kernels = profiled_kernels(
+        lambda: results.append(_reduce_scatter(group, numel, torch.float32, rank))
+    )
+    output, expected = results[0]
+    return kernels, bool(torch.equal(output, expected))
+
+
 @needs_ranks(2)  # the copy engine runs only between peers
 def test_it_is_the_path_that_runs(rank):
+    """Where the peers are load/store reachable, the copy engine's kernels run and NCCL's
+    reduce-scatter does not; where they are not (other nodes), NCCL's runs, with the same result."""
     copy_engine, nccl = _group(True), _group(False)
+    reachable = load_store_reachable(copy_engine)
     ran = {
-        name: profiled_kernels(lambda g=group: _reduce_scatter(g, SWEEP_NUMEL, torch.float32, rank))
+        name: _profiled_reduce_scatter(group, SWEEP_NUMEL, rank)
         for name, group in (("copy_engine", copy_engine), ("nccl", nccl))
     }
     dist.destroy_process_group(copy_engine)
     dist.destroy_process_group(nccl)
-    assert any("waitKernel" in k for k in ran["copy_engine"]), ran["copy_engine"]
-    assert not any("ReduceScatter" in k for k in ran["copy_engine"]), ran["copy_engine"]
-    assert any("ReduceScatter" in k for k in ran["nccl"]), ran["nccl"]
-    assert not any("waitKernel" in k for k in ran["nccl"]), ran["nccl"]
+    kernels = {name: k for name, (k, _) in ran.items()}
+    assert all(right for _, right in ran.values()), ran
+    assert any("waitKernel" in k for k in kernels["copy_engine"]) == reachable, kernels
+    assert any("ReduceScatter" in k for k in kernels["copy_engine"]) != reachable, kernels
+    assert any("ReduceScatter" in k for k in kernels["nccl"]), kernels["nccl"]
+    assert not any("waitKernel" in k for k in kernels["nccl"]), kernels["nccl"]
 
 
 @needs_ranks(2)  # the copy engine runs only between peers
 def test_by_default_from_the_measured_size(rank):
     group = _group(None)
+    reachable = load_store_reachable(group)
     small = 1 << 16
     large = (32 * MIB) // 4  # the threshold, in float32 elements
-    ran = {
-        numel: profiled_kernels(lambda n=numel: _reduce_scatter(group, n, torch.float32, rank))
-        for numel in (small, large)
-    }
+    ran = {numel: _profiled_reduce_scatter(group, numel, rank) for numel in (small, large)}
     dist.destroy_process_group(group)
-    assert any("ReduceScatter" in k for k in ran[small]), ran[small]
-    assert any("waitKernel" in k for k in ran[large]), ran[large]
+    assert all(right for _, right in ran.values()), ran
+    assert any("ReduceScatter" in k for k in ran[small][0]), ran[small][0]
+    # Across nodes the copy engine cannot run: NCCL keeps the large one too.
+    assert any("waitKernel" in k for k in ran[large][0]) == reachable, ran[large][0]
 
 
 def test_between_other_collectives_on_a_side_stream(rank, always):
@@ -130,6 +149,15 @@ def test_user_signals_are_not_taken_by_it(rank, world_size, always):
     window = comm.find_window(window_memory)
     source = rank_tensor(SWEEP_NUMEL, torch.float32, rank)
     peer, previous = ring_peers(rank)
+    refusal = one_sided_refusal(always)
+    if refusal is not None:  # across nodes without NCCL's one-sided API: refused, no copy engine
+        error = raised_by(lambda: comm.put_signal(source, peer, window))
+        output, expected = _reduce_scatter(always, 4097, torch.float32, rank)
+        torch.cuda.synchronize()
+        window.close()
+        assert_raised(error, NotImplementedError, refusal)
+        assert_equal(output, expected)
+        return
     comm.put_signal(source, peer, window)
     output, expected = _reduce_scatter(always, 4097, torch.float32, rank)
     comm.wait_signal(torch_nccl_core.WaitSignalDesc(previous))

@@ -77,6 +77,9 @@ def test_shrink_group_leaves_the_excluded_rank_out(rank, flags):
     before = probe_group(group)  # the communicator exists on every rank
     supports = group._get_backend(torch.device("cuda")).supports_shrinking
     excluded = WORLD_SIZE - 1
+    # SHRINK_ABORT ends the ops in flight: the probe finishes first (over sockets it may not
+    # have yet).
+    torch.cuda.synchronize()
     if rank != excluded:  # the excluded rank never calls shrink_group (NCCL's contract)
         shrunk = dist.shrink_group(
             [excluded], group=group, shrink_flags=getattr(dist.distributed_c10d, flags)

@@ -9,7 +9,17 @@ import torch.distributed as dist
 import torch_nccl_core
 from torch_nccl_core import WaitSignalDesc, WindowFlag
 
-from .helpers import assert_equal, needs_ranks, rank_tensor, ring_peers
+from .helpers import (
+    assert_equal,
+    assert_raised,
+    load_store_reachable,
+    needs_ranks,
+    one_sided_refused,
+    probe_group,
+    raised_by,
+    rank_tensor,
+    ring_peers,
+)
 
 NUMEL = 4096
 
@@ -38,6 +48,8 @@ def test_put_signal_ring(rank, world_size, stream_kind):
     src = rank_tensor(NUMEL, torch.float32, rank)
     if stream_kind != "current":
         side.wait_stream(torch.cuda.current_stream())
+    if one_sided_refused(lambda: comm.put_signal(src, peer, window, offset=NUMEL, stream=stream)):
+        return
     comm.put_signal(src, peer, window, offset=NUMEL, stream=stream)
     comm.wait_signal(WaitSignalDesc(source), stream=stream)
     if stream_kind != "current":
@@ -58,6 +70,8 @@ def test_put_signal_from_window_memory(rank, world_size, flags):
     buf, window = _window(flags=flags)
     peer, source = ring_peers(rank)
     buf[:NUMEL].copy_(rank_tensor(NUMEL, torch.float32, rank))
+    if one_sided_refused(lambda: comm.put_signal(buf[:NUMEL], peer, window, offset=NUMEL)):
+        return
     comm.put_signal(buf[:NUMEL], peer, window, offset=NUMEL)
     comm.wait_signal(WaitSignalDesc(source))
     received = buf[NUMEL : 2 * NUMEL].clone()
@@ -72,6 +86,8 @@ def test_signals_count(rank, world_size):
     comm = torch_nccl_core.communicator()
     buf, window = _window()
     peer, source = ring_peers(rank)
+    if one_sided_refused(lambda: comm.signal(peer)):
+        return
     parts = 4
     for i in range(parts):
         chunk = rank_tensor(NUMEL // parts, torch.float32, rank, salt=i)
@@ -110,11 +126,13 @@ def test_one_sided_refuses_bad_input(rank, world_size):
         comm.put_signal(torch.ones(4), peer, window)
     with pytest.raises(TypeError, match="stream"):
         comm.signal(peer, stream="fast")
-    # a stream of the other GPU, as an object and as a raw handle
-    other_device = torch.cuda.Stream(device=peer)
-    for foreign in (other_device, other_device.cuda_stream):
-        with pytest.raises(ValueError, match=f"belongs to cuda:{peer}"):
-            comm.signal(peer, stream=foreign)
+    # a stream of another GPU, as an object and as a raw handle (ranks may share the one GPU)
+    if torch.cuda.device_count() > 1:
+        other = (comm.device + 1) % torch.cuda.device_count()
+        other_device = torch.cuda.Stream(device=other)
+        for foreign in (other_device, other_device.cuda_stream):
+            with pytest.raises(ValueError, match=f"belongs to cuda:{other}"):
+                comm.signal(peer, stream=foreign)
     for count in (0, 2**32):
         with pytest.raises(ValueError, match="op_count"):
             WaitSignalDesc(peer, op_count=count)
@@ -140,8 +158,29 @@ def test_window_of_another_group_is_refused(rank, world_size):
     dist.destroy_process_group(group)
 
 
+def _dev_comm_refused(comm) -> bool:
+    """Across nodes without GIN a device communicator is refused, naming why, before NCCL is
+    asked (NCCL's own refusal left the communicator unfit for window registrations): True then,
+    after checking that the group still registers windows and computes."""
+    if load_store_reachable():
+        return False
+    error = raised_by(
+        lambda: comm.create_dev_comm(torch_nccl_core.DevCommRequirements(lsa_barrier_count=1))
+    )
+    window_memory = torch_nccl_core.empty(NUMEL, window=True)
+    window_memory.fill_(1.0)
+    dist.all_reduce(window_memory)
+    probe = probe_group()
+    assert_raised(error, NotImplementedError, "not load/store reachable")
+    assert_equal(window_memory, torch.full_like(window_memory, float(dist.get_world_size())))
+    assert_equal(*probe)
+    return True
+
+
 def test_dev_comm_lifecycle(rank, world_size):
     comm = torch_nccl_core.communicator()
+    if _dev_comm_refused(comm):
+        return
     dev = comm.create_dev_comm(torch_nccl_core.DevCommRequirements(lsa_barrier_count=1))
     default = comm.create_dev_comm()
     info = (dev.ptr != 0, dev.lsa_rank, dev.lsa_size, dev.is_valid)
@@ -178,6 +217,8 @@ def test_device_kernel_example_exchanges_through_lsa(rank, world_size):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples/device_kernel"))
     from build import build
 
+    if _dev_comm_refused(torch_nccl_core.communicator()):
+        return
     module = build()  # both ranks: torch's build lock serialises the compile
     dist.barrier()
     comm = torch_nccl_core.communicator()

@@ -76,17 +76,25 @@ def test_ops_on_nccl_memory_register_once_and_are_right(rank, world_size, kind, 
 
 
 def test_freeing_nccl_memory_drops_its_registration(rank, fresh_group):
+    """Frees are stream-ordered: memory whose stream is idle goes at once, with its registration;
+    memory still in use goes once the stream is done (at the next NCCL-memory allocation)."""
     comm = torch_nccl_core.communicator(fresh_group)
     results = []
     counts = []
-    for _ in range(20):  # freed addresses come back: each must be registered afresh
+    for i in range(20):  # freed addresses come back: each must be registered afresh
         t = torch_nccl_core.empty(SWEEP_NUMEL)
         t.copy_(rank_tensor(SWEEP_NUMEL, torch.float32, rank))
         dist.all_reduce(t, group=fresh_group)
         counts.append(comm._resource_count())
         results.append(t.clone())
+        in_use = i % 2 == 0
+        if not in_use:
+            torch.cuda.synchronize()
         del t
         gc.collect()
+        if in_use:
+            torch.cuda.synchronize()
+            torch_nccl_core.empty(1)  # an allocation releases what its streams finished with
         counts.append(comm._resource_count())
     expected = reference_reduce(all_ranks(SWEEP_NUMEL, torch.float32), "sum")
     assert counts == [1, 0] * 20

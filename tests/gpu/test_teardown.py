@@ -19,6 +19,7 @@ from .helpers import (
     all_ranks,
     assert_equal,
     needs_ranks,
+    one_sided_refused,
     rank_tensor,
     reference_reduce,
 )
@@ -36,7 +37,11 @@ def test_destroying_the_group_ends_a_wait_no_signal_meets(rank, world_size):
     memory = torch_nccl_core.empty(SWEEP_NUMEL, group=group, window=True)
     side = torch.cuda.Stream()
     waiter = torch_nccl_core.communicator(group)
-    waiter.wait_signal(torch_nccl_core.WaitSignalDesc((rank + 1) % world_size), stream=side)
+    desc = torch_nccl_core.WaitSignalDesc((rank + 1) % world_size)
+    if one_sided_refused(lambda: waiter.wait_signal(desc, stream=side), group):
+        dist.destroy_process_group(group)
+        return
+    waiter.wait_signal(desc, stream=side)
     dist.destroy_process_group(group)
     side.synchronize()  # returns: the aborted wait gave up
     del memory
@@ -118,7 +123,7 @@ EXIT_SCRIPT = textwrap.dedent(
 
 
 def test_interpreter_exit_with_live_nccl_tensors_and_windows(rank, tmp_path):
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(rank))
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(torch.cuda.current_device()))
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
     outcomes = {}

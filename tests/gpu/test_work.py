@@ -142,7 +142,7 @@ def test_get_duration_times_async_sync_and_coalesced_ops(rank, monkeypatch):
     blocks = []
     # Without a device torch issues one allreduce_coalesced; with one, an NCCL group
     # between startCoalescing and endCoalescing.
-    for device in (None, torch.device("cuda", rank)):
+    for device in (None, torch.device("cuda", torch.cuda.current_device())):
         with dist._coalescing_manager(group=group, device=device, async_ops=True) as block:
             dist.all_reduce(tensor, group=group)
             dist.all_reduce(tensor, group=group)

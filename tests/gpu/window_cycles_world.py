@@ -12,13 +12,15 @@ import sys
 
 import torch
 import torch.distributed as dist
-from helpers import register_close_cycles  # this script's folder comes first on sys.path
+
+# this script's folder comes first on sys.path
+from helpers import local_device, register_close_cycles
 
 import torch_nccl_core
 
 cycles = int(sys.argv[1])
 rank = int(os.environ["RANK"])
-device = torch.device("cuda", rank)
+device = local_device(rank)
 torch.cuda.set_device(device)
 dist.init_process_group("nccl_core", device_id=device)
 comm = torch_nccl_core.communicator()

@@ -1,0 +1,81 @@
+"""torch_nccl_core.launch: torchrun for ranks that share GPUs (each rank a host of its own for
+NCCL, CUDA MPS on request). Run here with the GPU count faked: no GPU is needed to see what each
+rank's process is given."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+
+import pytest
+
+from torch_nccl_core import launch
+
+RANK_SCRIPT = """
+import json, os, sys
+with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.json"), "w") as out:
+    json.dump({"host_id": os.environ.get("NCCL_HOSTID"), "argv": sys.argv[2:]}, out)
+"""
+
+
+def _ranks(folder: pathlib.Path, count: int) -> list[dict]:
+    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(count)]
+
+
+@pytest.fixture(autouse=True)
+def _no_host_ids(monkeypatch):
+    """The launcher sets the node's host-id prefix in its own environment, for its ranks."""
+    monkeypatch.delenv(launch.HOST_ID_PREFIX_VAR, raising=False)
+    monkeypatch.delenv("NCCL_HOSTID", raising=False)
+
+
+@pytest.fixture
+def script(tmp_path: pathlib.Path) -> pathlib.Path:
+    path = tmp_path / "show_rank.py"
+    path.write_text(RANK_SCRIPT)
+    return path
+
+
+def test_ranks_that_share_a_gpu_each_get_a_host_id(tmp_path, script, monkeypatch):
+    monkeypatch.setattr(launch, "_gpu_count", lambda: 1)
+    rc = launch.main(["--standalone", "--nproc-per-node=2", str(script), str(tmp_path), "-x", "y"])
+    ranks = _ranks(tmp_path, 2)
+    assert rc == 0
+    assert [r["argv"] for r in ranks] == [["-x", "y"], ["-x", "y"]]
+    ids = [r["host_id"] for r in ranks]
+    assert ids[0].endswith("-r0") and ids[1].endswith("-r1")
+    assert ids[0][:-3] == ids[1][:-3]  # one node: one prefix
+
+
+def test_a_rank_per_gpu_keeps_nccls_own_host_ids(tmp_path, script, monkeypatch):
+    monkeypatch.setattr(launch, "_gpu_count", lambda: 2)
+    rc = launch.main(["--standalone", "--nproc-per-node=2", str(script), str(tmp_path)])
+    assert rc == 0
+    assert [r["host_id"] for r in _ranks(tmp_path, 2)] == [None, None]
+
+
+def test_a_module_runs_as_with_torchrun(tmp_path, script, monkeypatch):
+    monkeypatch.setattr(launch, "_gpu_count", lambda: 1)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(script.parent), *sys.path]))
+    rc = launch.main(["--standalone", "--nproc-per-node=2", "-m", script.stem, str(tmp_path)])
+    assert rc == 0
+    assert all(r["host_id"] for r in _ranks(tmp_path, 2))
+
+
+def test_refuses_what_it_cannot_do(script, monkeypatch):
+    monkeypatch.setattr(launch, "_gpu_count", lambda: 1)
+    with pytest.raises(ValueError, match="--no-python"):
+        launch.main(["--nproc-per-node=2", "--no-python", "true"])
+    with pytest.raises(ValueError, match="--nproc-per-node must be a number"):
+        launch.main(["--nproc-per-node=gpu", str(script)])
+    monkeypatch.setenv("PATH", "")
+    with pytest.raises(RuntimeError, match="nvidia-cuda-mps-control"):
+        launch.main(["--mps", "--standalone", "--nproc-per-node=2", str(script)])
+
+
+def test_shares_gpus_only_past_one_rank_per_gpu():
+    assert not launch.ranks_share_gpus(2, 2)
+    assert launch.ranks_share_gpus(3, 2)
+    assert not launch.ranks_share_gpus(4, 0)  # no GPU: nothing to share

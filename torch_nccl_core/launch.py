@@ -1,0 +1,152 @@
+"""torchrun for ranks that share GPUs: ``python -m torch_nccl_core.launch``.
+
+Runs a multi-rank program on fewer GPUs than ranks, e.g. a 4-rank job on one GPU::
+
+    python -m torch_nccl_core.launch --mps --nproc-per-node=4 train.py --epochs 1
+    python -m torch_nccl_core.launch --mps --nproc-per-node=2 -m pytest tests/gpu -q
+
+Every other argument is torchrun's. NCCL refuses two ranks of one communicator on one GPU of one
+host ("Duplicate GPU detected"), so where ranks share a GPU each rank claims a host of its own
+through ``NCCL_HOSTID``, set before NCCL starts in that process: NCCL then connects the ranks as
+it connects nodes without InfiniBand, through its socket transport over loopback. A rank's program
+must choose its device as ``LOCAL_RANK % torch.cuda.device_count()``.
+
+``--mps`` runs the job under a CUDA MPS daemon of its own (started before the ranks, stopped after
+them), so that the ranks' kernels run side by side instead of taking turns on the GPU: a small
+all_reduce then costs tens of microseconds instead of milliseconds.
+
+What such a world cannot show: anything that needs peers reachable by load/store (NVLink or PCIe
+P2P: window peer pointers, the copy engine, the one-shot kernel, NCCL's symmetric kernels) and any
+bandwidth or latency figure of a real interconnect.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator, Sequence
+
+from ._as_rank import HOST_ID_PREFIX_VAR
+
+MPS_QUIT_S = 30
+
+# Run by path, not as a module of this package: a rank's first step imports nothing heavy.
+_AS_RANK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_as_rank.py")
+
+
+def ranks_share_gpus(nproc_per_node: int, gpus: int) -> bool:
+    """Whether a node of `nproc_per_node` ranks puts two of them on one of its `gpus` GPUs."""
+    return gpus > 0 and nproc_per_node > gpus
+
+
+@contextlib.contextmanager
+def mps_daemon() -> Iterator[dict[str, str]]:
+    """A CUDA MPS control daemon of this job's own; yields the environment its clients need.
+
+    A user-space daemon of the CUDA driver: it changes no GPU setting, and ``quit`` (once every
+    client has gone) leaves the GPU as it was.
+    """
+    control = shutil.which("nvidia-cuda-mps-control")
+    if control is None:
+        raise RuntimeError("--mps: nvidia-cuda-mps-control is not on PATH (CUDA MPS is needed)")
+    root = tempfile.mkdtemp(prefix="nccl_core_mps_")
+    env = {
+        "CUDA_MPS_PIPE_DIRECTORY": os.path.join(root, "pipe"),
+        "CUDA_MPS_LOG_DIRECTORY": os.path.join(root, "log"),
+    }
+    for folder in env.values():
+        os.makedirs(folder)
+    daemon_env = {**os.environ, **env}
+    subprocess.run([control, "-d"], env=daemon_env, check=True)
+    try:
+        yield env
+    finally:
+        try:
+            # quit waits for the daemon's clients: a rank's child that outlived it holds it up.
+            subprocess.run(
+                [control], input=b"quit\n", env=daemon_env, check=False, timeout=MPS_QUIT_S
+            )
+        except subprocess.TimeoutExpired:
+            print(
+                f"torch_nccl_core.launch: the MPS daemon did not quit within {MPS_QUIT_S} s "
+                "(a client is still running); it is left to the machine",
+                file=sys.stderr,
+            )
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(
+        prog="python -m torch_nccl_core.launch",
+        description="torchrun, for ranks that may share GPUs (see the module's docstring); "
+        "every argument but --mps is torchrun's.",
+        add_help=False,
+    )
+    parser.add_argument("--mps", action="store_true", help="run the ranks under CUDA MPS")
+    return parser.parse_known_args(argv)
+
+
+def _torchrun_args(rest: list[str]) -> argparse.Namespace:
+    from torch.distributed.run import get_args_parser
+
+    args = get_args_parser().parse_args(rest)
+    if args.no_python:
+        raise ValueError("--no-python is not supported: ranks start as Python programs here")
+    # Each rank starts as `python _as_rank.py [-m] PROGRAM ARGS`, which sets its host id and
+    # then becomes the program.
+    program = ["-m"] if args.module else []
+    args.training_script_args = [
+        _AS_RANK,
+        *program,
+        args.training_script,
+        *args.training_script_args,
+    ]
+    args.training_script = sys.executable
+    args.module = False
+    args.no_python = True
+    return args
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _nproc_per_node(args: argparse.Namespace) -> int:
+    value = str(args.nproc_per_node)
+    if value.isdigit():
+        return int(value)
+    raise ValueError(f"--nproc-per-node must be a number of ranks here, got {value!r}")
+
+
+def launch(argv: Sequence[str]) -> int:
+    ours, rest = _parse(argv)
+    args = _torchrun_args(rest)
+    if ranks_share_gpus(_nproc_per_node(args), _gpu_count()):
+        os.environ[HOST_ID_PREFIX_VAR] = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+    from torch.distributed.run import run
+
+    with mps_daemon() if ours.mps else contextlib.nullcontext({}) as mps_env:
+        os.environ.update(mps_env)
+        try:
+            run(args)
+        except Exception as failed:  # torchrun's ChildFailedError has printed its report
+            print(f"torch_nccl_core.launch: {type(failed).__name__}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return launch(list(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
