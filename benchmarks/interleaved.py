@@ -114,8 +114,9 @@ def order(runs: list[Run], repeat: int) -> list[Run]:
 def run_once(args, run: Run, repeat: int, passthrough: list[str]) -> list[dict]:
     """One collectives run of `run`; its CSV rows, tagged with label and repeat."""
     out = Path(args.out) / "runs" / f"r{repeat}-{run.label}"
+    # torchrun, whose ranks take hosts of their own where they outnumber the GPUs.
     command = [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc}",
+        sys.executable, "-m", "torch_nccl_core.launch", f"--nproc-per-node={args.nproc}",
         "-m", "benchmarks.collectives", "--backends", run.backend, "--init-backend", "gloo",
         "--out", str(out), *run.flags, *passthrough,
     ]  # fmt: skip

@@ -23,7 +23,7 @@ def become_rank(program: Sequence[str]) -> None:
     prefix = os.environ.get(HOST_ID_PREFIX_VAR)
     if prefix:
         os.environ["NCCL_HOSTID"] = host_id(prefix, int(os.environ["LOCAL_RANK"]))
-    os.execv(sys.executable, [sys.executable, *program])
+    os.execv(sys.executable, [sys.executable, "-u", *program])  # unbuffered, as torchrun runs
 
 
 if __name__ == "__main__":

@@ -5,11 +5,12 @@ Runs a multi-rank program on fewer GPUs than ranks, e.g. a 4-rank job on one GPU
     python -m torch_nccl_core.launch --mps --nproc-per-node=4 train.py --epochs 1
     python -m torch_nccl_core.launch --mps --nproc-per-node=2 -m pytest tests/gpu -q
 
-Every other argument is torchrun's. NCCL refuses two ranks of one communicator on one GPU of one
-host ("Duplicate GPU detected"), so where ranks share a GPU each rank claims a host of its own
-through ``NCCL_HOSTID``, set before NCCL starts in that process: NCCL then connects the ranks as
-it connects nodes without InfiniBand, through its socket transport over loopback. A rank's program
-must choose its device as ``LOCAL_RANK % torch.cuda.device_count()``.
+Every other argument is torchrun's (``--mps`` comes first). NCCL refuses two ranks of one
+communicator on one GPU of one host ("Duplicate GPU detected"), so where ranks share a GPU each
+rank claims a host of its own through ``NCCL_HOSTID``, set before NCCL starts in that process:
+NCCL then connects the ranks as it connects nodes without InfiniBand, through its socket transport
+over loopback. A rank's program must choose its device as
+``LOCAL_RANK % torch.cuda.device_count()``.
 
 ``--mps`` runs the job under a CUDA MPS daemon of its own (started before the ranks, stopped after
 them), so that the ranks' kernels run side by side instead of taking turns on the GPU: a small
@@ -76,21 +77,20 @@ def mps_daemon() -> Iterator[dict[str, str]]:
         except subprocess.TimeoutExpired:
             print(
                 f"torch_nccl_core.launch: the MPS daemon did not quit within {MPS_QUIT_S} s "
-                "(a client is still running); it is left to the machine",
+                "(a client is still running); stop it with `echo quit | "
+                f"CUDA_MPS_PIPE_DIRECTORY={env['CUDA_MPS_PIPE_DIRECTORY']} {control}`",
                 file=sys.stderr,
             )
-        shutil.rmtree(root, ignore_errors=True)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
 
 
-def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(
-        prog="python -m torch_nccl_core.launch",
-        description="torchrun, for ranks that may share GPUs (see the module's docstring); "
-        "every argument but --mps is torchrun's.",
-        add_help=False,
-    )
-    parser.add_argument("--mps", action="store_true", help="run the ranks under CUDA MPS")
-    return parser.parse_known_args(argv)
+def _parse(argv: Sequence[str]) -> tuple[bool, list[str]]:
+    """(--mps given, torchrun's arguments). --mps comes first: everything after it is
+    torchrun's, the program's arguments included."""
+    if argv[:1] == ["--mps"]:
+        return True, list(argv[1:])
+    return False, list(argv)
 
 
 def _torchrun_args(rest: list[str]) -> argparse.Namespace:
@@ -108,7 +108,7 @@ def _torchrun_args(rest: list[str]) -> argparse.Namespace:
         args.training_script,
         *args.training_script_args,
     ]
-    args.training_script = sys.executable
+    args.training_script = os.environ.get("PYTHON_EXEC", sys.executable)  # as torchrun
     args.module = False
     args.no_python = True
     return args
@@ -128,13 +128,15 @@ def _nproc_per_node(args: argparse.Namespace) -> int:
 
 
 def launch(argv: Sequence[str]) -> int:
-    ours, rest = _parse(argv)
+    mps, rest = _parse(argv)
     args = _torchrun_args(rest)
     if ranks_share_gpus(_nproc_per_node(args), _gpu_count()):
         os.environ[HOST_ID_PREFIX_VAR] = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+    else:
+        os.environ.pop(HOST_ID_PREFIX_VAR, None)  # one inherited from an outer launch
     from torch.distributed.run import run
 
-    with mps_daemon() if ours.mps else contextlib.nullcontext({}) as mps_env:
+    with mps_daemon() if mps else contextlib.nullcontext({}) as mps_env:
         os.environ.update(mps_env)
         try:
             run(args)

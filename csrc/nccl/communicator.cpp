@@ -98,8 +98,8 @@ std::shared_ptr<Communicator> Communicator::derive(
   DeviceGuard guard(device_);
   ncclComm_t child = nullptr;
   {
-    const Use use(*this);
-    const ncclResult_t result = make(use.handle(), &child);
+    const HostCall inside(*this);
+    const ncclResult_t result = make(inside.handle(), &child);
     if (result != ncclSuccess && result != ncclInProgress) {
       if (isAborted()) {
         raiseAborted(); // the abort ended the call
@@ -306,25 +306,29 @@ void Communicator::abort(CommunicatorListener* instead) noexcept {
   if (listener && listener.get() != instead) {
     listener->aborting();
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (auto& [_, resource] : resources_) {
-    resource->closed_.store(true, std::memory_order_release);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [_, resource] : resources_) {
+      resource->closed_.store(true, std::memory_order_release);
+    }
+    resources_.clear();
+    windows_.clear();
   }
-  resources_.clear();
-  windows_.clear();
-  // A stay of its own, so that the handle outlives the revoke below.
+  // A stay of its own, so that the handle outlives the revoke below; release
+  // is requested only after it, so no stay ending meanwhile frees the handle.
   uses_.fetch_add(1);
-  releaseRequested_ = true;
-  if (uses_.load() > 1 && !nonblocking_ && nccl().commRevoke != nullptr &&
+  if (hostCalls_.load() > 0 && !nonblocking_ && nccl().commRevoke != nullptr &&
       capturedGraphs_.live() == 0) {
-    // Another thread is inside NCCL on this communicator. A blocking host
-    // call (a window registration, a split) waits in NCCL's bootstrap for
-    // peers that may never come, and only NCCL's abort flag ends that wait:
-    // ncclCommRevoke (NCCL >= 2.28.7) raises it without freeing the
-    // communicator under the call; the last stay to end then aborts it.
+    // A blocking collective host call (a window registration, a split) waits
+    // in NCCL's bootstrap for peers that may never come, and only NCCL's
+    // abort flag ends that wait: ncclCommRevoke (NCCL >= 2.28.7) raises it
+    // without freeing the communicator under the call; the last stay to end
+    // then aborts it.
     DeviceGuard guard(device_);
     NCCL_CORE_WARN(nccl().commRevoke(comm_, 0));
   }
+  std::lock_guard<std::mutex> lock(mutex_);
+  releaseRequested_ = true;
   if (uses_.fetch_sub(1) == 1) {
     releaseHandle();
   }
@@ -504,9 +508,9 @@ ncclWindow_t Communicator::windowRegister(void* ptr, size_t bytes, int flags) {
   ncclWindow_t window = nullptr;
   ncclResult_t result = ncclSuccess;
   {
-    Use use(*this);
+    const HostCall inside(*this);
     result =
-        nccl().commWindowRegister(use.handle(), ptr, bytes, &window, flags);
+        nccl().commWindowRegister(inside.handle(), ptr, bytes, &window, flags);
   }
   check(result, "ncclCommWindowRegister");
   if (nonblocking_) {

@@ -101,6 +101,34 @@ class Communicator final : public AllocationObserver,
     return Use(*this);
   }
 
+  // A Use for a collective host call that waits in NCCL's bootstrap for the
+  // peers (a window registration, a split or shrink): abort() revokes the
+  // communicator while one is in progress, which ends that wait. Counted
+  // before the Use checks for an abort (abort() sets that, then reads the
+  // count): one of the two sees the other.
+  class HostCall {
+   public:
+    explicit HostCall(Communicator& comm) : counted_(comm), use_(comm) {}
+    ncclComm_t handle() const {
+      return use_.handle();
+    }
+
+   private:
+    struct Counted {
+      explicit Counted(Communicator& comm) : comm(comm) {
+        comm.hostCalls_.fetch_add(1);
+      }
+      Counted(const Counted&) = delete;
+      Counted& operator=(const Counted&) = delete;
+      ~Counted() {
+        comm.hostCalls_.fetch_sub(1);
+      }
+      Communicator& comm;
+    };
+    const Counted counted_;
+    const Use use_;
+  };
+
   // The raw handle, for enqueueing operations. Throws DistBackendError once
   // the communicator was aborted. Prefer use(), which also fences abort().
   ncclComm_t get() const;
@@ -268,6 +296,7 @@ class Communicator final : public AllocationObserver,
   // sequentially consistent.
   std::atomic<int> uses_{0};
   std::atomic<bool> releaseRequested_{false};
+  std::atomic<int> hostCalls_{0}; // HostCalls in progress
   std::atomic<bool> released_{false};
   CapturedGraphs capturedGraphs_;
 

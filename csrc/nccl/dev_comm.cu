@@ -178,8 +178,9 @@ std::shared_ptr<DevComm> createDevComm(
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(comm.device()));
   ncclResult_t result = ncclSuccess;
   {
-    const Communicator::Use use = comm.use(); // abort waits for the call
-    result = nccl().devCommCreate(use.handle(), &r, devComm.get());
+    // Collective: an abort revokes the communicator to end the wait.
+    const Communicator::HostCall inside(comm);
+    result = nccl().devCommCreate(inside.handle(), &r, devComm.get());
   }
   comm.check(result, "ncclDevCommCreate");
   return comm.adoptDevComm(std::static_pointer_cast<void>(devComm));

@@ -138,10 +138,10 @@ void nccl_core_pool_free(
     void* ptr,
     ssize_t /*size*/,
     int device,
-    cudaStream_t stream) {
-  // The caching allocator waited for the streams its blocks were recorded on;
-  // the segment's own stream may still be using it. This runs under the
+    cudaStream_t /*stream*/) {
+  // torch's caching allocator frees a segment (empty_cache, a pool's end) as
+  // its own cudaFree would: after the device finished. This runs under the
   // allocator's lock, which a thread that took the GIL meanwhile could be
-  // waiting for: no wait here lets go of the GIL.
-  nccl_core::freeAfter(ptr, device, stream, /*mayReleaseGil=*/false);
+  // waiting for: the wait keeps the GIL.
+  nccl_core::freeAfterDevice(ptr, device, /*mayReleaseGil=*/false);
 }

@@ -4,9 +4,6 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <algorithm>
-#include <atomic>
-#include <list>
-#include <mutex>
 #include <vector>
 
 #include "nccl/allocations.h"
@@ -18,24 +15,33 @@ namespace nccl_core {
 
 namespace {
 
+// One freed allocation, and the streams whose work up to the free it waits
+// for: an event each, recorded at the free, or later for a stream that was
+// capturing then (`unrecorded`: its eager work is ordered before the capture
+// ends, and a graph that uses freed memory is the caller's error).
 struct Pending {
   void* ptr;
   int device;
-  std::vector<cudaEvent_t> events; // recorded on the streams that used it
+  std::vector<cudaEvent_t> events;
+  std::vector<cudaStream_t> unrecorded;
 };
 
-struct Queue {
-  std::mutex mutex;
-  std::list<Pending> entries;
-  // Lets allocations skip the lock while nothing waits.
-  std::atomic<size_t> size{0};
-};
+// Relaxed capture mode while queries and records run, so that neither this
+// thread's nor another thread's global-mode capture is invalidated by them.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() {
+    C10_CUDA_CHECK_WARN(cudaThreadExchangeStreamCaptureMode(&mode_));
+  }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+  ~RelaxedCapture() {
+    C10_CUDA_CHECK_WARN(cudaThreadExchangeStreamCaptureMode(&mode_));
+  }
 
-Queue& queue() {
-  // Never destroyed: NCCL memory may be freed during interpreter exit.
-  static auto* instance = new Queue();
-  return *instance;
-}
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
 
 bool capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -43,34 +49,17 @@ bool capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-// The streams that can be waited for: one under capture holds work that runs
-// at replay, which a graph using freed memory makes the caller's error.
-std::vector<cudaStream_t> waitable(c10::ArrayRef<cudaStream_t> streams) {
-  std::vector<cudaStream_t> result;
-  for (cudaStream_t stream : streams) {
-    if (!capturing(stream) &&
-        std::find(result.begin(), result.end(), stream) == result.end()) {
-      result.push_back(stream);
-    }
+bool done(cudaError_t state) {
+  if (state != cudaSuccess) {
+    (void)cudaGetLastError(); // cudaErrorNotReady is no error
   }
-  return result;
-}
-
-bool idle(const std::vector<cudaStream_t>& streams) {
-  for (cudaStream_t stream : streams) {
-    const cudaError_t state = cudaStreamQuery(stream);
-    if (state != cudaSuccess) {
-      (void)cudaGetLastError(); // cudaErrorNotReady is no error
-      return false;
-    }
-  }
-  return true;
+  return state == cudaSuccess;
 }
 
 void freeNow(void* ptr, int device) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-  // Registrations first: NCCL must not keep a handle to an address a later
-  // allocation may reuse.
+  // Registrations first: NCCL must not keep a handle to an address that a
+  // later allocation may reuse.
   forgetAllocation(ptr);
   NCCL_CORE_WARN(nccl().memFree(ptr));
 }
@@ -79,24 +68,65 @@ void synchronizeDevice(void* /*unused*/) {
   C10_CUDA_CHECK_WARN(cudaDeviceSynchronize());
 }
 
-bool finished(const Pending& entry) {
+void release(Pending& entry) {
   for (cudaEvent_t event : entry.events) {
-    const cudaError_t state = cudaEventQuery(event);
-    if (state != cudaSuccess) {
-      (void)cudaGetLastError();
+    C10_CUDA_CHECK_WARN(cudaEventDestroy(event));
+  }
+  freeNow(entry.ptr, entry.device);
+}
+
+// Records an event on each of `entry`'s unrecorded streams that does not
+// capture; false if CUDA cannot (interpreter exit): nothing runs any more.
+bool recordOnStreams(Pending& entry) {
+  auto still = entry.unrecorded.begin();
+  for (cudaStream_t stream : entry.unrecorded) {
+    if (capturing(stream)) {
+      *still++ = stream;
+      continue;
+    }
+    cudaEvent_t event = nullptr;
+    if (!done(cudaEventCreateWithFlags(&event, cudaEventDisableTiming))) {
+      return false;
+    }
+    entry.events.push_back(event);
+    if (!done(cudaEventRecord(event, stream))) {
       return false;
     }
   }
+  entry.unrecorded.erase(still, entry.unrecorded.end());
   return true;
 }
 
-void release(Pending& entry) {
-  for (cudaEvent_t event : entry.events) {
-    if (event != nullptr) {
-      C10_CUDA_CHECK_WARN(cudaEventDestroy(event));
+bool finished(const Pending& entry) {
+  return entry.unrecorded.empty() &&
+         std::all_of(entry.events.begin(), entry.events.end(), [](auto event) {
+           return done(cudaEventQuery(event));
+         });
+}
+
+// The freeing thread's own: the registrations a release drops are dropped on
+// the thread that freed the memory, as when frees were synchronous, never on
+// a thread that may be enqueueing on another thread's communicator. A thread
+// that exits waits for what it left (errors ignored: CUDA may be going).
+struct Queue {
+  std::vector<Pending> entries;
+  ~Queue() {
+    if (!entries.empty()) {
+      (void)cudaDeviceSynchronize();
+    }
+    for (Pending& entry : entries) {
+      for (cudaEvent_t event : entry.events) {
+        (void)cudaEventDestroy(event);
+      }
+      forgetAllocation(entry.ptr);
+      (void)nccl().memFree(entry.ptr);
     }
   }
-  freeNow(entry.ptr, entry.device);
+};
+
+Queue& queue() {
+  thread_local Queue instance;
+  return instance;
 }
 
 } // namespace
@@ -106,70 +136,64 @@ void freeAfter(
     int device,
     c10::ArrayRef<cudaStream_t> streams,
     bool mayReleaseGil) noexcept {
-  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   if (windowed(ptr)) {
     // Peers map it, and kernels on any stream (one-sided waits, the
-    // engines') may use it: the device finishes first, as before any free of
-    // memory a window covers.
-    if (mayReleaseGil) {
-      runBlockingWait(synchronizeDevice, nullptr);
-    } else {
-      synchronizeDevice(nullptr);
-    }
-    freeNow(ptr, device);
+    // engines') may use it: the device finishes first.
+    freeAfterDevice(ptr, device, mayReleaseGil);
     return;
   }
-  const std::vector<cudaStream_t> ordered = waitable(streams);
-  if (idle(ordered)) {
-    freeNow(ptr, device);
-    freeFinished(false);
-    return;
-  }
-  Pending entry{ptr, device, {}};
-  for (cudaStream_t stream : ordered) {
-    cudaEvent_t event = nullptr;
-    if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) !=
-            cudaSuccess ||
-        cudaEventRecord(event, stream) != cudaSuccess) {
-      // CUDA is going (interpreter exit) or broken: nothing runs any more.
-      (void)cudaGetLastError();
-      entry.events.push_back(event);
-      release(entry);
-      return;
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  const RelaxedCapture relaxed;
+  Pending entry{ptr, device, {}, {}};
+  for (cudaStream_t stream : streams) {
+    // A capturing stream is never queried: that would end its capture.
+    if (std::find(entry.unrecorded.begin(), entry.unrecorded.end(), stream) ==
+            entry.unrecorded.end() &&
+        (capturing(stream) || !done(cudaStreamQuery(stream)))) {
+      entry.unrecorded.push_back(stream); // busy or capturing: an event each
     }
-    entry.events.push_back(event);
   }
-  Queue& q = queue();
-  {
-    std::lock_guard<std::mutex> lock(q.mutex);
-    q.entries.push_back(std::move(entry));
-    q.size.store(q.entries.size(), std::memory_order_release);
+  if (entry.unrecorded.empty()) {
+    freeNow(ptr, device); // every stream idle
+  } else if (!recordOnStreams(entry)) {
+    release(entry);
+  } else {
+    queue().entries.push_back(std::move(entry));
   }
   freeFinished(false);
 }
 
+void freeAfterDevice(void* ptr, int device, bool mayReleaseGil) noexcept {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  if (mayReleaseGil) {
+    runBlockingWait(synchronizeDevice, nullptr);
+  } else {
+    synchronizeDevice(nullptr);
+  }
+  freeNow(ptr, device);
+}
+
 void freeFinished(bool wait) noexcept {
-  Queue& q = queue();
-  if (q.size.load(std::memory_order_acquire) == 0) {
+  std::vector<Pending>& entries = queue().entries;
+  if (entries.empty()) {
     return;
   }
-  std::list<Pending> done;
-  {
-    std::lock_guard<std::mutex> lock(q.mutex);
-    for (auto it = q.entries.begin(); it != q.entries.end();) {
-      auto next = std::next(it);
-      if (wait || finished(*it)) {
-        done.splice(done.end(), q.entries, it);
+  const RelaxedCapture relaxed;
+  // Released after the scan: a release may free more NCCL memory on this
+  // thread (a resource that held some), which joins `entries` meanwhile.
+  std::vector<Pending> ready;
+  std::vector<Pending> kept;
+  for (Pending& entry : entries) {
+    const bool recorded = recordOnStreams(entry);
+    if (wait && recorded && entry.unrecorded.empty()) {
+      for (cudaEvent_t event : entry.events) {
+        C10_CUDA_CHECK_WARN(cudaEventSynchronize(event));
       }
-      it = next;
     }
-    q.size.store(q.entries.size(), std::memory_order_release);
+    (!recorded || finished(entry) ? ready : kept).push_back(std::move(entry));
   }
-  // Outside the lock: dropping registrations calls into NCCL.
-  for (Pending& entry : done) {
-    for (cudaEvent_t event : entry.events) {
-      C10_CUDA_CHECK_WARN(cudaEventSynchronize(event));
-    }
+  entries = std::move(kept);
+  for (Pending& entry : ready) {
     release(entry);
   }
 }

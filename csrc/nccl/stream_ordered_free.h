@@ -12,8 +12,9 @@
 namespace nccl_core {
 
 // Frees `ptr` (ncclMemAlloc memory on `device`) once `streams` finished what
-// they hold now: at once where they are idle, else on a later allocation or
-// free of NCCL memory. A stream under capture is not waited for. Memory a
+// they hold now: at once where they are idle, else at this thread's next
+// allocation or free of NCCL memory or op of a group, or when it exits. A
+// stream capturing now is waited for from the end of its capture. Memory a
 // window covers goes at once, after a device-wide synchronize: peers map it,
 // kernels on any stream may use it, and its windows are closed collectively,
 // at the same point on every rank. `mayReleaseGil`: no lock of torch's is
@@ -24,8 +25,15 @@ void freeAfter(
     c10::ArrayRef<cudaStream_t> streams,
     bool mayReleaseGil) noexcept;
 
-// Frees the allocations whose streams have finished; with `wait`, waits for
-// all of them first (before retrying an allocation that ran out of memory).
+// Frees `ptr` after a device-wide synchronize (memory peers map, or that
+// torch's caching allocator hands back from a MemPool, as its own cudaFree
+// would synchronize).
+void freeAfterDevice(void* ptr, int device, bool mayReleaseGil) noexcept;
+
+// Frees the allocations this thread freed whose streams have finished; with
+// `wait`, waits for them first (before retrying an allocation that ran out of
+// memory). Frees are released on the thread that made them: the
+// registrations they drop belong to communicators that thread uses.
 void freeFinished(bool wait) noexcept;
 
 } // namespace nccl_core

@@ -40,10 +40,11 @@ def script(tmp_path: pathlib.Path) -> pathlib.Path:
 
 def test_ranks_that_share_a_gpu_each_get_a_host_id(tmp_path, script, monkeypatch):
     monkeypatch.setattr(launch, "_gpu_count", lambda: 1)
-    rc = launch.main(["--standalone", "--nproc-per-node=2", str(script), str(tmp_path), "-x", "y"])
+    argv = [str(script), str(tmp_path), "-x", "--mps"]  # the program's, --mps too
+    rc = launch.main(["--standalone", "--nproc-per-node=2", *argv])
     ranks = _ranks(tmp_path, 2)
     assert rc == 0
-    assert [r["argv"] for r in ranks] == [["-x", "y"], ["-x", "y"]]
+    assert [r["argv"] for r in ranks] == [["-x", "--mps"]] * 2
     ids = [r["host_id"] for r in ranks]
     assert ids[0].endswith("-r0") and ids[1].endswith("-r1")
     assert ids[0][:-3] == ids[1][:-3]  # one node: one prefix

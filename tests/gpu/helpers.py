@@ -59,10 +59,10 @@ def local_device(local_rank: int | None = None) -> torch.device:
     return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
-def ranks_share_gpus(world: int = WORLD_SIZE) -> bool:
-    """Whether `world` ranks on this machine put two on one GPU: they reach each other only
-    through NCCL's network transport then, never by load/store."""
-    return world > torch.cuda.device_count()
+def ranks_share_gpus() -> bool:
+    """Whether this machine's ranks put two on one GPU: they reach each other only through
+    NCCL's network transport then, as nodes of their own, never by load/store."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", WORLD_SIZE)) > torch.cuda.device_count()
 
 
 def load_store_reachable(group: dist.ProcessGroup | None = None) -> bool:

@@ -158,11 +158,21 @@ def test_window_of_another_group_is_refused(rank, world_size):
     dist.destroy_process_group(group)
 
 
+def _gin_reaches_peers(comm) -> bool:
+    """Whether GPU-initiated networking serves this communicator (NCCL >= 2.29 can tell)."""
+    if torch_nccl_core.nccl_version() < (2, 29, 0):
+        return False
+    try:
+        return comm.gin_type != torch_nccl_core.GinType.NONE
+    except NotImplementedError:  # built against NCCL 2.28's headers: it cannot tell either
+        return False
+
+
 def _dev_comm_refused(comm) -> bool:
     """Across nodes without GIN a device communicator is refused, naming why, before NCCL is
     asked (NCCL's own refusal left the communicator unfit for window registrations): True then,
     after checking that the group still registers windows and computes."""
-    if load_store_reachable():
+    if load_store_reachable() or _gin_reaches_peers(comm):
         return False
     error = raised_by(
         lambda: comm.create_dev_comm(torch_nccl_core.DevCommRequirements(lsa_barrier_count=1))
