@@ -557,7 +557,8 @@ def _nccl_memory_in_use() -> tuple[torch.Tensor, torch.Tensor]:
 def free_nccl_memory_on_thread(job_store) -> dict:
     """The last reference to NCCL memory dropped on a Python thread while the GPU is busy and the
     main thread spins in Python: the free is stream-ordered (it waits for nothing), and the
-    memory and its registration go once the GPU is done with them (seen after the next op)."""
+    memory and its registration go once the GPU is done with them, at that thread's next
+    NCCL-memory allocation."""
     init(job_store)
     probe()
     comm = torch_nccl_core.communicator()
@@ -571,7 +572,10 @@ def free_nccl_memory_on_thread(job_store) -> dict:
         start = time.monotonic()
         holder.clear()  # the last reference: NCCL memory freed on this thread
         gc.collect()
-        return time.monotonic() - start
+        seconds = time.monotonic() - start
+        torch.cuda.synchronize(DEVICE)
+        torch_nccl_core.empty(1, device=DEVICE)  # releases what this thread freed, now done
+        return seconds
 
     report = beside_spin(free, "freer")
     report["free_s"] = report.pop("result")
