@@ -83,11 +83,13 @@ std::optional<Allocation> findAllocation(const void* ptr, size_t bytes) {
   return a;
 }
 
-void markWindowed(uintptr_t base) {
+void markWindowed(const void* ptr) {
   Table& t = table();
+  const auto address = reinterpret_cast<uintptr_t>(ptr);
   std::lock_guard<std::shared_mutex> lock(t.mutex);
-  auto it = t.byBase.find(base);
-  if (it != t.byBase.end()) {
+  auto it = t.byBase.upper_bound(address);
+  if (it != t.byBase.begin() &&
+      address < (--it)->second.base + it->second.size) {
     it->second.windowed = true;
   }
 }

@@ -39,8 +39,9 @@ void forgetAllocation(void* ptr);
 // The allocation holding [ptr, ptr + bytes), if that range is NCCL memory.
 std::optional<Allocation> findAllocation(const void* ptr, size_t bytes);
 
-// Notes that a window covers the allocation starting at `base`.
-void markWindowed(uintptr_t base);
+// Notes that a window covers the allocation holding `ptr`, if it is NCCL
+// memory.
+void markWindowed(const void* ptr);
 
 // Whether a window was ever registered over the allocation at `ptr`.
 bool windowed(const void* ptr);

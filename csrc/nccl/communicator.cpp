@@ -447,9 +447,6 @@ Communicator::registerWindow(void* ptr, size_t bytes, int flags) {
         bytes,
         flags);
   }
-  if (allocation) {
-    markWindowed(allocation->base);
-  }
   if (listener) {
     listener->windowRegistered(tracked);
   }
@@ -516,6 +513,9 @@ ncclWindow_t Communicator::windowRegister(void* ptr, size_t bytes, int flags) {
   if (nonblocking_) {
     // Returns before the peers joined; `window` is written once settled.
     check(ncclInProgress, "ncclCommWindowRegister");
+  }
+  if (window != nullptr) {
+    markWindowed(ptr); // its free waits for the device: peers map it now
   }
   return window;
 }

@@ -3,7 +3,6 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include "nccl/allocations.h"
 #include "nccl/communicator.h"
 #include "nccl/memory.h"
 #include "nccl/window_pointers.h"
@@ -19,7 +18,6 @@ PeerBuffer::PeerBuffer(Communicator& comm, size_t bytes) : bytes_(bytes) {
   // a peer may write as soon as it returns.
   C10_CUDA_CHECK(cudaDeviceSynchronize());
   const ncclWindow_t window = comm.registerInternalWindow(memory_.get(), bytes);
-  markWindowed(reinterpret_cast<uintptr_t>(memory_.get()));
   const std::vector<uintptr_t> bases =
       lsaBases(comm, window, lsaTeam(comm).size);
   remote_.assign(comm.size(), 0);
