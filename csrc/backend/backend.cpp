@@ -8,7 +8,6 @@
 #include <c10/util/Logging.h>
 #include <c10/util/env.h>
 
-#include <cstring>
 #include <limits>
 #include <numeric>
 #include <thread>
@@ -19,6 +18,7 @@
 #include "backend/nan_check.h"
 #include "backend/op_profile.h"
 #include "backend/op_timing.h"
+#include "backend/rendezvous.h"
 #include "nccl/api.h"
 #include "nccl/errors.h"
 
@@ -135,44 +135,48 @@ void NcclCoreBackend::initCommunicator(at::Device device) {
       device.is_cuda() && device.has_index(),
       "nccl_core: the communicator needs a CUDA device with an index, got ",
       device);
-  const std::string idKey = storeKey("unique_id");
-  ncclUniqueId id;
-  if (getRank() == 0) {
-    NCCL_CORE_CHECK(nccl().getUniqueId(&id));
-    const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
-    store_->set(idKey, std::vector<uint8_t>(bytes, bytes + sizeof(id)));
-  } else {
-    const std::vector<uint8_t> bytes = store_->get(idKey);
-    TORCH_INTERNAL_ASSERT(
-        bytes.size() == sizeof(id), "malformed NCCL unique id in the store");
-    std::memcpy(&id, bytes.data(), sizeof(id));
-  }
-  setupCommunicator(
-      Communicator::create(
-          getSize(),
-          getRank(),
-          id,
-          device.index(),
-          options_->toNcclConfig(),
-          timeout_.load(),
-          c10::str("group '", *groupName_, "'"),
-          [this](const std::shared_ptr<Communicator>& started) {
-            {
-              std::lock_guard<std::mutex> lock(initMutex_);
-              initializing_ = started;
-            }
-            if (failure_->failed()) {
-              started->abort(); // aborted before it could be seen
-            }
-          }));
-  if (getRank() == 0) {
+  setupCommunicator(newCommunicator(
+      "init",
+      getRank(),
+      getSize(),
+      device.index(),
+      *groupName_,
+      [this](const std::shared_ptr<Communicator>& started) {
+        {
+          std::lock_guard<std::mutex> lock(initMutex_);
+          initializing_ = started;
+        }
+        if (failure_->failed()) {
+          started->abort(); // aborted before it could be seen
+        }
+      }));
+}
+
+std::shared_ptr<Communicator> NcclCoreBackend::newCommunicator(
+    const std::string& purpose,
+    int rank,
+    int size,
+    int device,
+    const std::string& name,
+    const std::function<void(const std::shared_ptr<Communicator>&)>& started) {
+  const std::string prefix = storeKey(purpose.c_str());
+  const std::string label = c10::str("group '", name, "'");
+  const ncclUniqueId id =
+      rendezvous(*store_, prefix, rank, size, timeout_.load(), label);
+  auto comm = Communicator::create(
+      size,
+      rank,
+      id,
+      device,
+      options_->toNcclConfig(),
+      timeout_.load(),
+      label,
+      started);
+  if (rank == 0) {
     // Every rank read the id: the initialization it joined was collective.
-    try {
-      store_->deleteKey(idKey);
-    } catch (const std::exception& e) {
-      LOG(INFO) << "[nccl_core] could not delete " << idKey << ": " << e.what();
-    }
+    leaveRendezvous(*store_, prefix, size);
   }
+  return comm;
 }
 
 std::string NcclCoreBackend::storeKey(const char* name) const {

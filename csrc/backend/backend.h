@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -192,7 +193,9 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   }
   // The group without `ranksToExclude` (torch.distributed.shrink_group),
   // through ncclCommShrink on the ranks that stay. NCCL_SHRINK_ABORT first
-  // ends the ops in flight here, which leaves this group failed.
+  // ends the ops in flight here, which leaves this group failed. A group
+  // that failed already (a peer died) is re-formed: the ranks that stay make
+  // a communicator of their own.
   c10::intrusive_ptr<c10d::Backend> shrink(
       const std::vector<int64_t>& ranksToExclude,
       int shrinkFlags,
@@ -380,6 +383,16 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
       const std::vector<int64_t>& ranksToExclude,
       int shrinkFlags) const;
   void initCommunicator(at::Device device);
+  // A communicator of `size` ranks, this one `rank`, on `device`, for group
+  // `name`: the ranks meet in the store under `purpose` (rendezvous.h), then
+  // NCCL initializes it; `started` sees it before its initialization ends.
+  std::shared_ptr<Communicator> newCommunicator(
+      const std::string& purpose,
+      int rank,
+      int size,
+      int device,
+      const std::string& name,
+      const std::function<void(const std::shared_ptr<Communicator>&)>& started);
   void setupCommunicator(std::shared_ptr<Communicator> comm);
   at::Device deviceForOpWithoutTensors(const std::vector<int64_t>& deviceIds);
   void teardown(const std::string& reason);
@@ -408,6 +421,8 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   // How many nccl_core backends this rank made on this store before this
   // one, counted in the store: every rank of the group gets the same number.
   const int64_t incarnation_;
+  // Shrinks of this group after it failed (each makes a communicator).
+  int64_t reforms_ = 0;
 
   std::shared_ptr<FailureState> failure_ = std::make_shared<FailureState>();
   const std::shared_ptr<BackendHooks> hooks_ = std::make_shared<BackendHooks>();

@@ -128,6 +128,28 @@ c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::shrink(
       members.push_back(rank);
     }
   }
+  std::string name = optsOverride && !optsOverride->group_name.empty()
+                         ? optsOverride->group_name
+                         : *groupName_ + ":shrunk";
+  if (failure_->failed()) {
+    // The group failed and its communicator was aborted with it; NCCL could
+    // not have shrunk it anyway: after a peer's death, ncclCommShrink's
+    // ncclCommEnsureReady hands back the error the parent's proxy recorded,
+    // SHRINK_ABORT or not (NCCL 2.28-2.30, init.cc). The ranks that stay
+    // make a communicator of their own instead, as at init, whatever the
+    // flags.
+    const int rank = static_cast<int>(
+        std::find(members.begin(), members.end(), getRank()) - members.begin());
+    auto comm = newCommunicator(
+        c10::str("reform/", ++reforms_),
+        rank,
+        static_cast<int>(members.size()),
+        comm_ ? comm_->device() : deviceForOpWithoutTensors({}).index(),
+        name,
+        {});
+    return child(
+        store_, std::move(comm), std::move(name), optsOverride, members);
+  }
   // Making the communicator now would wait for the excluded ranks.
   TORCH_CHECK(
       comm_ != nullptr,
@@ -149,9 +171,6 @@ c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::shrink(
     watchdog_->stop();
     watchdog_->failWork(ended);
   }
-  std::string name = optsOverride && !optsOverride->group_name.empty()
-                         ? optsOverride->group_name
-                         : *groupName_ + ":shrunk";
   std::shared_ptr<Communicator> comm;
   try {
     comm = parent.shrink(

@@ -19,6 +19,7 @@
 #include "backend/flight_recorder.h"
 #include "backend/hooks.h"
 #include "backend/nan_check.h"
+#include "backend/rendezvous.h"
 #include "backend/sync_ops.h"
 #include "backend/watchdog.h"
 #include "backend/work.h"
@@ -238,6 +239,25 @@ void bindFakeNccl(py::module_& testing) {
       py::arg("excluded"),
       py::arg("flags"),
       release);
+  testing.def(
+      "rendezvous",
+      [](const c10::intrusive_ptr<c10d::Store>& store,
+         const std::string& prefix,
+         int rank,
+         int size,
+         std::chrono::milliseconds timeout) {
+        const ncclUniqueId id =
+            rendezvous(*store, prefix, rank, size, timeout, "group 'g'");
+        return std::vector<uint8_t>(id.internal, id.internal + sizeof(id));
+      },
+      py::arg("store"),
+      py::arg("prefix"),
+      py::arg("rank"),
+      py::arg("size"),
+      py::arg("timeout"),
+      release,
+      "rendezvous.h's meeting of rank `rank` of `size`: the unique id's "
+      "bytes.");
   testing.def(
       "abort",
       [](Communicator& comm) { comm.abort(); },

@@ -8,12 +8,12 @@ a call on a freed communicator) is counted. So this runs in CI, which has no GPU
 
 from __future__ import annotations
 
-import threading
 import time
 from datetime import timedelta
 
 import pytest
 import torch.distributed as dist
+from threads import in_thread
 
 from torch_nccl_core import _C
 
@@ -33,21 +33,6 @@ def wait_for(predicate, timeout_s: float = 5.0) -> float:
         assert time.monotonic() - start < timeout_s, "condition not reached in time"
         time.sleep(0.005)
     return time.monotonic() - start
-
-
-def in_thread(fn):
-    """Runs `fn` on a thread; returns (thread, outcome dict with 'result' or 'error')."""
-    outcome: dict = {}
-
-    def run():
-        try:
-            outcome["result"] = fn()
-        except BaseException as e:  # handed to the test
-            outcome["error"] = e
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, outcome
 
 
 def test_nonblocking_init_is_bounded_by_the_timeout(fake):

@@ -1,6 +1,7 @@
-"""One rank of a two-process world that runs one failure-semantics scenario, then prints a JSON
-line of what it saw. The parent test asserts on it, and on this process ending in time with exit
-code 0: a hang or crash is the failure being looked for.
+"""One rank of a world of two processes (four where a scenario says so) that runs one
+failure-semantics scenario, then prints a JSON line of what it saw. The parent test asserts on
+it, and on this process ending in time with exit code 0: a hang or crash is the failure being
+looked for.
 
 Started by test_failure_semantics.py, one process per rank, with RANK / WORLD_SIZE / MASTER_ADDR
 / MASTER_PORT set. Scenarios set and bind cuda:RANK % GPU count (ranks may share a GPU), except
@@ -862,23 +863,22 @@ def nccl_memory_churn_on_two_threads(job_store) -> dict:
     return report
 
 
-def peer_killed_mid_all_reduce(job_store) -> dict:
-    """Rank 1 enqueues an all_reduce and SIGKILLs itself: rank 0's DistBackendError names the
-    op, its sequence number and the group (NCCL's own words say what happened)."""
-    timeout_s = 10.0
+def outlive_a_killed_peer(job_store, timeout_s: float = 10.0) -> dict:
+    """The last rank enqueues an all_reduce and SIGKILLs itself; every other rank reports the
+    DistBackendError its next ops raised (None if none came) and after how long."""
     init(job_store, timeout_s)
     probe()
     torch.cuda.synchronize(DEVICE)
     meet(job_store, "ready")
     big = torch.ones(NUMEL, device=DEVICE)
-    if RANK == 1:
+    if RANK == WORLD - 1:
         dist.all_reduce(big)
         time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGKILL)
     start = time.monotonic()
     report: dict = {"timeout_s": timeout_s}
     try:
-        for _ in range(4):  # the first one pairs with rank 1's
+        for _ in range(4):  # the first one pairs with the victim's
             dist.all_reduce(big)
         torch.cuda.synchronize(DEVICE)
         while time.monotonic() - start < timeout_s + 10.0:
@@ -888,6 +888,13 @@ def peer_killed_mid_all_reduce(job_store) -> dict:
     except dist.DistBackendError as e:
         report["error"] = str(e)[:2000]
     report["error_s"] = time.monotonic() - start
+    return report
+
+
+def peer_killed_mid_all_reduce(job_store) -> dict:
+    """Rank 1 enqueues an all_reduce and SIGKILLs itself: rank 0's DistBackendError names the
+    op, its sequence number and the group (NCCL's own words say what happened)."""
+    report = outlive_a_killed_peer(job_store)
     start = time.monotonic()
     dist.destroy_process_group()
     report["destroy_s"] = time.monotonic() - start
@@ -913,9 +920,105 @@ def clean_teardown(job_store, first: int) -> dict:
     return {"correct": correct}
 
 
+def ddp_difference_from_a_reference(steps: int = 5) -> float:
+    """Trains a small model under DDP over the default group, each rank on batches of its own,
+    and the same model in this process on every rank's batches (DDP averages the ranks'
+    gradients: the mean of their losses has that gradient); the largest parameter difference."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(32, 8).to(DEVICE)
+    reference = torch.nn.Linear(32, 8).to(DEVICE)
+    reference.load_state_dict(model.state_dict())
+    ddp = DistributedDataParallel(model, device_ids=[DEVICE.index])
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+
+    def batch(step: int, r: int) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = torch.Generator().manual_seed(1000 * step + r)
+        x, y = torch.randn(16, 32, generator=generator), torch.randn(16, 8, generator=generator)
+        return x.to(DEVICE), y.to(DEVICE)
+
+    for step in range(steps):
+        optimizer.zero_grad()
+        x, y = batch(step, rank)
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        optimizer.step()
+        reference_optimizer.zero_grad()
+        losses = [
+            torch.nn.functional.mse_loss(reference(x), y)
+            for x, y in (batch(step, r) for r in range(world))
+        ]
+        (sum(losses) / world).backward()
+        reference_optimizer.step()
+    torch.cuda.synchronize(DEVICE)
+    return max(
+        (a - b).abs().max().item()
+        for a, b in zip(model.parameters(), reference.parameters(), strict=True)
+    )
+
+
+def killed_rank_then_shrink_and_train(job_store) -> dict:
+    """The last rank SIGKILLs itself mid all_reduce: every other rank raises DistBackendError
+    naming the op, its sequence number and the group within the timeout, shrinks the default
+    group to the survivors with SHRINK_ABORT, and trains a small DDP model there whose
+    parameters match a reference trained on the survivors' batches."""
+    victim = WORLD - 1
+    report = outlive_a_killed_peer(job_store)
+    start = time.monotonic()
+    dist.shrink_group([victim], shrink_flags=dist.distributed_c10d.SHRINK_ABORT)
+    report["shrink_s"] = time.monotonic() - start
+    report["world"] = dist.get_world_size()
+    report["probe"] = probe()
+    report["ddp_difference"] = ddp_difference_from_a_reference()
+    dist.destroy_process_group()
+    return report
+
+
+def rank0_late_at_init(job_store) -> dict:
+    """Rank 0 (the store's host) comes to init_process_group 5 s after the others: every rank
+    initializes, the first op is right, nothing fails."""
+    if RANK == 0:
+        time.sleep(5.0)
+    start = time.monotonic()
+    init(job_store, timeout_s=30.0)
+    report = {"init_s": time.monotonic() - start, "correct": probe()}
+    dist.destroy_process_group()
+    return report
+
+
+def rank_never_joins_new_group(job_store) -> dict:
+    """The last rank never calls new_group; on the others, the group's first use raises
+    DistBackendError naming that rank once the group's 3 s timeout passed, and the default
+    group goes on working on every rank."""
+    init(job_store, timeout_s=30.0)
+    probe()
+    absent = WORLD - 1
+    report: dict = {}
+    if RANK != absent:
+        start = time.monotonic()
+        try:
+            group = dist.new_group(list(range(WORLD)), timeout=timedelta(seconds=3.0))
+            t = torch.ones(16, device=DEVICE)
+            dist.all_reduce(t, group=group)
+            torch.cuda.synchronize(DEVICE)
+            report["error"] = None
+        except dist.DistBackendError as e:
+            report["error"] = str(e)
+        report["error_s"] = time.monotonic() - start
+    meet(job_store, "past_new_group")
+    report["default_group_works"] = probe()
+    dist.destroy_process_group()
+    return report
+
+
 SCENARIOS = {
     "nccl_memory_churn_on_two_threads": nccl_memory_churn_on_two_threads,
     "peer_killed_mid_all_reduce": peer_killed_mid_all_reduce,
+    "killed_rank_then_shrink_and_train": killed_rank_then_shrink_and_train,
+    "rank0_late_at_init": rank0_late_at_init,
+    "rank_never_joins_new_group": rank_never_joins_new_group,
     "clean_teardown_rank0_first": lambda s: clean_teardown(s, 0),
     "clean_teardown_rank1_first": lambda s: clean_teardown(s, 1),
     "destroy_after_sync_ops": destroy_after_sync_ops,

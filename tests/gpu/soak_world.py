@@ -1,35 +1,44 @@
 """A soak of the failure semantics: many cycles of init -> a random mix of ops -> a random fault ->
-destroy, in two long-lived worker processes, watched by an orchestrator that enforces deadlines.
+destroy, in N long-lived worker processes (--world N, 2 by default), watched by an orchestrator
+that enforces deadlines.
 
-    python tests/gpu/soak_world.py --cycles 200 --seed 0 --out soak_report.json
+    python tests/gpu/soak_world.py --cycles 200 --seed 0 --world 2 --out soak_report.json
 
-needs two GPUs, or one GPU and NCCL_HOSTID set (any value: the workers then share it as nodes of
-their own), and no launcher (the script starts its own processes). tests/gpu/test_soak.py runs a
-short version from the GPU suite.
+needs N GPUs, or fewer and NCCL_HOSTID set (any value: each worker then gets a host of its own,
+so that workers can share a GPU as nodes of their own), and no launcher (the script starts its
+own processes). tests/gpu/test_soak.py runs a short version from the GPU suite.
+
+Ranks have three roles: rank 0 is the observer, the last rank (N - 1) the faulty one, and the
+ranks between them (none at N = 2) are survivors like rank 0 that measure nothing. "Survivors"
+below are every rank but the faulty one, rank 0 included.
 
 Processes:
   * the orchestrator (this script without --worker-rank) hosts a TCPStore that outlives every
-    worker, starts rank 0 on cuda:0 and rank 1 on cuda:1, waits for each cycle's results with a
-    deadline, starts a fresh rank 1 after a planned kill, and writes the JSON report. It never
-    touches CUDA.
+    worker, starts rank r on cuda:(r % GPU count), waits for each cycle's results with a
+    deadline, starts a fresh faulty rank after a planned kill, and writes the JSON report. It
+    never touches CUDA.
   * a worker (--worker-rank R) runs cycles from --first-cycle on. Rank 0 lives for the whole soak
-    and measures its device memory, file descriptors and threads; rank 1 kills itself with SIGKILL
-    in "kill" cycles, and its successor joins at the next cycle.
+    and measures its device memory, file descriptors and threads; ranks 1..N-2 live as long; the
+    faulty rank kills itself with SIGKILL in "kill" cycles, and its successor joins at the next
+    cycle.
 
 A cycle: a store rendezvous, init_process_group("nccl_core") on a store prefix of its own
 ("cycle{n}": no key of an earlier cycle, or of a killed process, can be read), the ops of its plan
-(results checked), its fault, destroy_process_group. The plan is a pure function of (seed, cycle),
-so the ranks and the orchestrator agree on it without talking. Faults, and where the survivor's
-DistBackendError is timed from (it must come within timeout + slack):
+(results checked), its fault, destroy_process_group. The plan is a pure function of (seed, cycle,
+N), so the ranks and the orchestrator agree on it without talking. Faults, and where each rank's
+DistBackendError is timed from (every one must come within timeout + slack):
   none   nothing goes wrong; no error may surface.
-  skip   rank 1 stops issuing all-reduces one op before rank 0 does: rank 0's lonely op must time
-         out ("skip", from that op's start). Rank 1 then issues one op, which must fail because
-         rank 0's watchdog told it through the store ("skip_peer", from rank 0's error).
-  abort  one rank calls its backend's abort() between two all-reduces; its next op must fail at
-         once ("abort_self"), and the other rank's next op, which the aborted rank never joins,
-         must time out ("abort", from the abort() call).
-  kill   rank 1 leaves a few ops in flight and SIGKILLs itself: rank 0 must fail ("kill", from
-         the kill).
+  skip   the faulty rank stops issuing all-reduces one op before the survivors do: every
+         survivor's lonely op must fail ("skip", from that op's start), by its own watchdog's
+         timeout or because a survivor that timed out first told it through the store. Once
+         every survivor has failed and its GPU is idle, the faulty rank issues one op, which must
+         fail because it was told too ("skip_peer", from the first survivor's error).
+  abort  one rank, any, calls its backend's abort() between two all-reduces; its next op must
+         fail at once ("abort_self"), and every other rank's next op, which the aborted rank
+         never joins, must time out or be told through the store by a rank that timed out
+         ("abort", from the abort() call).
+  kill   the faulty rank leaves a few ops in flight and SIGKILLs itself: every survivor must fail
+         ("kill", from the kill).
 Times are time.monotonic() (CLOCK_MONOTONIC, one clock for every process of the machine), passed
 between ranks through the store.
 """
@@ -55,7 +64,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-WORLD_SIZE = 2
 FAULTS = ("none", "skip", "abort", "kill")
 # Warm-up cycles run every fault once (and every op kind) before rank 0 takes its baseline, so
 # that one-time costs (lazily loaded kernels, first-use caches) are not counted as leaks. The
@@ -76,13 +84,17 @@ TRAFFIC_NUMEL = 1 << 16  # the all-reduces that faults are injected between
 GRAPH_REPLAYS = 3
 MIB = 1 << 20
 
-WAIT_PAST_TIMEOUT_S = 10.0  # how long past the timeout a survivor waits before calling it a miss
-STORE_TIMEOUT_S = 120.0  # a worker's store calls: longer than a respawn of rank 1 takes
+WAIT_PAST_TIMEOUT_S = 10.0  # how long past the timeout a rank waits before calling it a miss
+STORE_TIMEOUT_S = 120.0  # a worker's store calls: longer than a respawn of the faulty rank takes
 POLL_S = 0.05
 
 # Store keys. Results and kills live outside the cycle prefixes: the orchestrator reads them.
 ABORT_AT_KEY = "soak/abort_at"  # in the cycle's prefix: when the aborting rank called abort()
-QUIET_KEY = "soak/rank0_quiet"  # in the cycle's prefix: rank 0 failed and its GPU is idle
+
+
+def quiet_key(rank: int) -> str:
+    """In the cycle's prefix: survivor `rank` failed in a "skip" cycle and its GPU is idle."""
+    return f"soak/quiet/{rank}"
 
 
 def result_key(cycle: int, rank: int) -> str:
@@ -93,7 +105,13 @@ def killed_key(cycle: int) -> str:
     return f"soak/killed/{cycle}"
 
 
-# The plan: a pure function of (seed, cycle)
+def faulty_rank(world: int) -> int:
+    """The rank that skips ops and is killed: the last, so that rank 0, the observer, and its
+    resource series live for the whole soak."""
+    return world - 1
+
+
+# The plan: a pure function of (seed, cycle, world size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,10 +129,10 @@ class OpSpec:
 @dataclasses.dataclass(frozen=True)
 class FaultSpec:
     kind: str  # one of FAULTS
-    at: int  # all-reduces both ranks run before the fault
+    at: int  # all-reduces every rank runs before the fault
     async_traffic: bool  # those all-reduces (and the ones after) are async_op=True
     aborter: int  # "abort": the rank that calls abort()
-    in_flight: int  # "kill": ops rank 1 enqueues, and does not wait for, before it dies
+    in_flight: int  # "kill": ops the faulty rank enqueues, and does not wait for, before it dies
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,9 +142,10 @@ class Plan:
     fault: FaultSpec
 
 
-def plan_cycle(seed: int, cycle: int, warmup: int) -> Plan:
-    """What cycle `cycle` does. Every process computes it for itself, so it must depend on
-    nothing but its arguments (random.Random of an int is the same in every process)."""
+def plan_cycle(seed: int, cycle: int, warmup: int, world: int) -> Plan:
+    """What cycle `cycle` does in a world of `world` ranks. Every process computes it for
+    itself, so it must depend on nothing but its arguments (random.Random of an int is the same
+    in every process)."""
     rng = random.Random(seed * 1_000_003 + cycle)
     if cycle < warmup:
         kinds = rng.sample(OP_MENU, len(OP_MENU))
@@ -139,7 +158,7 @@ def plan_cycle(seed: int, cycle: int, warmup: int) -> Plan:
         kind=fault_kind,
         at=rng.randint(1, 6),
         async_traffic=rng.random() < 0.5,
-        aborter=rng.randint(0, 1),
+        aborter=rng.randrange(world),
         in_flight=rng.randint(1, 4),
     )
     return Plan(cycle, ops, fault)
@@ -157,6 +176,7 @@ class Cycle:
     """What the ops and faults of one cycle need; `result` is what the orchestrator gets."""
 
     rank: int
+    world: int
     device: torch.device
     store: dist.Store  # the soak's store: outlives every cycle and every worker
     cycle_store: dist.Store  # this cycle's prefix of it
@@ -167,8 +187,17 @@ class Cycle:
     phase: str = "init"
 
     @property
-    def peer(self) -> int:
-        return 1 - self.rank
+    def faulty(self) -> int:
+        return faulty_rank(self.world)
+
+    # Point-to-point and one-sided ops run in a ring: at two ranks both neighbours are the peer.
+    @property
+    def next_rank(self) -> int:
+        return (self.rank + 1) % self.world
+
+    @property
+    def prev_rank(self) -> int:
+        return (self.rank - 1) % self.world
 
     @property
     def wait_limit_s(self) -> float:
@@ -187,7 +216,7 @@ def data(ctx: Cycle, rank: int, index: int, numel: int, salt: int = 0) -> torch.
 
 
 def summed(ctx: Cycle, index: int, numel: int, salt: int = 0) -> torch.Tensor:
-    return sum(data(ctx, r, index, numel, salt) for r in range(WORLD_SIZE))
+    return sum(data(ctx, r, index, numel, salt) for r in range(ctx.world))
 
 
 def unfilled(numel: int, ctx: Cycle) -> torch.Tensor:
@@ -207,24 +236,24 @@ def op_all_reduce(ctx: Cycle, i: int, spec: OpSpec) -> list[Check]:
 
 
 def op_all_gather(ctx: Cycle, i: int, spec: OpSpec) -> list[Check]:
-    out = unfilled(WORLD_SIZE * spec.numel, ctx)
+    out = unfilled(ctx.world * spec.numel, ctx)
     mine = data(ctx, ctx.rank, i, spec.numel)
     finish(dist.all_gather_into_tensor(out, mine, async_op=spec.async_op), spec.async_op)
-    expected = torch.cat([data(ctx, r, i, spec.numel) for r in range(WORLD_SIZE)])
+    expected = torch.cat([data(ctx, r, i, spec.numel) for r in range(ctx.world)])
     return [(spec.label, out, expected)]
 
 
 def op_reduce_scatter(ctx: Cycle, i: int, spec: OpSpec) -> list[Check]:
     n = spec.numel
     out = unfilled(n, ctx)
-    mine = data(ctx, ctx.rank, i, WORLD_SIZE * n)
+    mine = data(ctx, ctx.rank, i, ctx.world * n)
     finish(dist.reduce_scatter_tensor(out, mine, async_op=spec.async_op), spec.async_op)
-    expected = summed(ctx, i, WORLD_SIZE * n)[ctx.rank * n : (ctx.rank + 1) * n]
+    expected = summed(ctx, i, ctx.world * n)[ctx.rank * n : (ctx.rank + 1) * n]
     return [(spec.label, out, expected)]
 
 
 def op_broadcast(ctx: Cycle, i: int, spec: OpSpec) -> list[Check]:
-    src = (ctx.plan.cycle + i) % WORLD_SIZE
+    src = (ctx.plan.cycle + i) % ctx.world
     tensor = data(ctx, ctx.rank, i, spec.numel)
     finish(dist.broadcast(tensor, src=src, async_op=spec.async_op), spec.async_op)
     return [(spec.label, tensor, data(ctx, src, i, spec.numel))]
@@ -233,12 +262,12 @@ def op_broadcast(ctx: Cycle, i: int, spec: OpSpec) -> list[Check]:
 def op_batch_isend_irecv(ctx: Cycle, i: int, spec: OpSpec) -> list[Check]:
     received = unfilled(spec.numel, ctx)
     batch = [
-        dist.P2POp(dist.isend, data(ctx, ctx.rank, i, spec.numel), ctx.peer),
-        dist.P2POp(dist.irecv, received, ctx.peer),
+        dist.P2POp(dist.isend, data(ctx, ctx.rank, i, spec.numel), ctx.next_rank),
+        dist.P2POp(dist.irecv, received, ctx.prev_rank),
     ]
     for work in dist.batch_isend_irecv(batch):
         work.wait()
-    return [(spec.label, received, data(ctx, ctx.peer, i, spec.numel))]
+    return [(spec.label, received, data(ctx, ctx.prev_rank, i, spec.numel))]
 
 
 def op_coalescing_manager(ctx: Cycle, i: int, spec: OpSpec) -> list[Check]:
@@ -256,11 +285,11 @@ def op_coalescing_manager(ctx: Cycle, i: int, spec: OpSpec) -> list[Check]:
 
 
 def op_one_sided(ctx: Cycle, i: int, spec: OpSpec) -> list[Check]:
-    """put_signal into the peer's window, wait_signal for the peer's put into ours.
+    """put_signal into the next rank's window, wait_signal for the previous rank's put into ours.
 
-    The window is registered and, when the tensor goes, deregistered by both ranks together;
-    the barriers keep either rank from writing into a window that is not ready yet, or from
-    dropping its window while the peer still uses the pair."""
+    The window is registered and, when the tensor goes, deregistered by every rank together;
+    the barriers keep any rank from writing into a window that is not ready yet, or from
+    dropping its window while a neighbour still uses it."""
     if not ctx.windows:
         ctx.result["skipped"].append(spec.label)
         return []
@@ -272,12 +301,12 @@ def op_one_sided(ctx: Cycle, i: int, spec: OpSpec) -> list[Check]:
     window.fill_(-1.0)
     torch.cuda.synchronize(ctx.device)
     dist.barrier()
-    one_sided.put_signal(data(ctx, ctx.rank, i, numel), window, ctx.peer)
-    one_sided.wait_signal(window, ctx.peer)
+    one_sided.put_signal(data(ctx, ctx.rank, i, numel), window, ctx.next_rank)
+    one_sided.wait_signal(window, ctx.prev_rank)
     received = window.clone()
     torch.cuda.synchronize(ctx.device)
     dist.barrier()
-    return [(spec.label, received, data(ctx, ctx.peer, i, numel))]
+    return [(spec.label, received, data(ctx, ctx.prev_rank, i, numel))]
 
 
 def op_graph(ctx: Cycle, i: int, spec: OpSpec) -> list[Check]:
@@ -380,9 +409,10 @@ class Traffic:
         return None
 
 
-def store_time(store: dist.Store, key: str, timeout_s: float) -> float:
-    store.wait([key], timedelta(seconds=timeout_s))
-    return float(store.get(key).decode())
+def store_time(store: dist.Store, keys: list[str], timeout_s: float) -> float:
+    """The earliest of the times under `keys`, once every one of them is set."""
+    store.wait(keys, timedelta(seconds=timeout_s))
+    return min(float(store.get(key).decode()) for key in keys)
 
 
 def record(
@@ -391,7 +421,7 @@ def record(
     hit: tuple[float, BaseException] | None,
     since: float | None = None,
 ) -> None:
-    """Files the survivor's detection `name` (seconds from `since`), or a miss as a failure."""
+    """Files this rank's detection `name` (seconds from `since`), or a miss as a failure."""
     if hit is None:
         ctx.result["failures"].append(
             f"{name}: no DistBackendError within {ctx.wait_limit_s:.0f}s of the fault"
@@ -407,10 +437,13 @@ def fault_none(ctx: Cycle, traffic: Traffic) -> None:
 
 
 def fault_skip(ctx: Cycle, traffic: Traffic) -> None:
-    """Rank 1 stops one op early. Rank 0 tells rank 1 only once its own GPU is idle (its lonely
-    op ended by the abort), so that rank 1's next op cannot pair with it."""
+    """The faulty rank stops one op early. A survivor's lonely op fails within the timeout of
+    its own start either way: by its own watchdog, or sooner, told through the store by a
+    survivor whose watchdog timed out first. Each survivor notes its failure only once its own
+    GPU is idle (its lonely op ended by the abort), and the faulty rank waits for all of them,
+    so that its next op cannot pair with a survivor's."""
     traffic.run(ctx.plan.fault.at)
-    if ctx.rank == 0:
+    if ctx.rank != ctx.faulty:
         failed_at = None
         try:
             injected = time.monotonic()
@@ -419,15 +452,19 @@ def fault_skip(ctx: Cycle, traffic: Traffic) -> None:
             failed_at = hit[0] if hit else None
             torch.cuda.synchronize(ctx.device)
         finally:
-            ctx.cycle_store.set(QUIET_KEY, str(failed_at or time.monotonic()))
+            ctx.cycle_store.set(quiet_key(ctx.rank), str(failed_at or time.monotonic()))
     else:
-        failed_at = store_time(ctx.cycle_store, QUIET_KEY, ctx.wait_limit_s + 10)
-        record(ctx, "skip_peer", traffic.until_failure(), failed_at)
+        # The first survivor's error follows the first timeout, which told the store: timed from
+        # it, "skip_peer" also bounds the wait for the slowest survivor to go quiet.
+        survivors = [quiet_key(r) for r in range(ctx.world) if r != ctx.faulty]
+        first_failed_at = store_time(ctx.cycle_store, survivors, ctx.wait_limit_s + 10)
+        record(ctx, "skip_peer", traffic.until_failure(), first_failed_at)
 
 
 def fault_abort(ctx: Cycle, traffic: Traffic) -> None:
-    """One rank aborts between two ops; its peer is not told (abort() does not tell peers), so
-    the peer's next op times out. Both must see DistBackendError."""
+    """One rank aborts between two ops; the others are not told (abort() does not tell peers),
+    so their next op, which the aborted rank never joins, times out: by each one's own watchdog,
+    or told through the store by the first that timed out. Every rank must see DistBackendError."""
     traffic.run(ctx.plan.fault.at)
     if ctx.rank == ctx.plan.fault.aborter:
         aborted_at = time.monotonic()
@@ -436,15 +473,15 @@ def fault_abort(ctx: Cycle, traffic: Traffic) -> None:
         record(ctx, "abort_self", traffic.until_failure(), aborted_at)
     else:
         hit = traffic.until_failure()
-        aborted_at = store_time(ctx.cycle_store, ABORT_AT_KEY, ctx.wait_limit_s) if hit else None
+        aborted_at = store_time(ctx.cycle_store, [ABORT_AT_KEY], ctx.wait_limit_s) if hit else None
         record(ctx, "abort", hit, aborted_at)
 
 
 def fault_kill(ctx: Cycle, traffic: Traffic) -> None:
-    """Rank 1 enqueues a few ops without waiting, notes the time and SIGKILLs itself; the
-    orchestrator starts its successor. Rank 0 must fail, and must not hang."""
+    """The faulty rank enqueues a few ops without waiting, notes the time and SIGKILLs itself;
+    the orchestrator starts its successor. Every survivor must fail, and must not hang."""
     traffic.run(ctx.plan.fault.at)
-    if ctx.rank == 1:
+    if ctx.rank == ctx.faulty:
         for _ in range(ctx.plan.fault.in_flight):
             traffic.enqueue()
         ctx.store.set(killed_key(ctx.plan.cycle), str(time.monotonic()))
@@ -453,7 +490,9 @@ def fault_kill(ctx: Cycle, traffic: Traffic) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(60)  # not reached
     hit = traffic.until_failure()
-    killed_at = store_time(ctx.store, killed_key(ctx.plan.cycle), ctx.wait_limit_s) if hit else None
+    killed_at = (
+        store_time(ctx.store, [killed_key(ctx.plan.cycle)], ctx.wait_limit_s) if hit else None
+    )
     record(ctx, "kill", hit, killed_at)
 
 
@@ -464,13 +503,13 @@ FAULT_PHASES = {"none": fault_none, "skip": fault_skip, "abort": fault_abort, "k
 
 
 def rendezvous(ctx: Cycle) -> None:
-    """Both ranks reach init_process_group together. NCCL's initialization on a nonblocking
+    """Every rank reaches init_process_group together. NCCL's initialization on a nonblocking
     communicator (the default) is bounded by the group's timeout, and one rank may come much
-    later than the other: its peer still waiting out a fault, or a fresh rank 1 still starting
-    after a kill. The store waits for it without a bound of that kind."""
+    later than the others: a peer still waiting out a fault, or a fresh faulty rank still
+    starting after a kill. The store waits for it without a bound of that kind."""
     ctx.phase = "rendezvous"
     ctx.cycle_store.set(f"soak/ready/{ctx.rank}", "1")
-    keys = [f"soak/ready/{r}" for r in range(WORLD_SIZE)]
+    keys = [f"soak/ready/{r}" for r in range(ctx.world)]
     ctx.cycle_store.wait(keys, timedelta(seconds=STORE_TIMEOUT_S))
 
 
@@ -480,7 +519,7 @@ def init_group(ctx: Cycle) -> None:
         "nccl_core",
         store=ctx.cycle_store,
         rank=ctx.rank,
-        world_size=WORLD_SIZE,
+        world_size=ctx.world,
         timeout=timedelta(seconds=ctx.timeout_s),
         device_id=ctx.device,
     )
@@ -540,6 +579,7 @@ def run_cycle(
     }
     ctx = Cycle(
         rank=rank,
+        world=args.world,
         device=device,
         store=store,
         cycle_store=dist.PrefixStore(f"cycle{plan.cycle}", store),
@@ -612,7 +652,7 @@ def settled(device: torch.device, baseline: dict, tolerance: dict, seconds: floa
 
 def die_with_parent(parent_pid: int) -> None:
     """Workers must not outlive the orchestrator (killed by a test's timeout, say): left
-    running, they would hold both GPUs. PR_SET_PDEATHSIG asks Linux to SIGKILL this process
+    running, they would hold the GPUs. PR_SET_PDEATHSIG asks Linux to SIGKILL this process
     when its parent goes."""
     pr_set_pdeathsig = 1
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL))
@@ -637,7 +677,7 @@ def worker_main(args: argparse.Namespace) -> int:
     )
     baseline = None
     for cycle in range(args.first_cycle, args.cycles):
-        plan = plan_cycle(args.seed, cycle, args.warmup)
+        plan = plan_cycle(args.seed, cycle, args.warmup, args.world)
         print(f"[rank {rank}] cycle {cycle}: {plan}", flush=True)
         result = run_cycle(rank, device, store, plan, args)
         if rank == 0:
@@ -669,10 +709,6 @@ LAUNCHER_VARS = frozenset(
         "MASTER_PORT",
     }
 )
-SURVIVOR_DETECTIONS = {  # fault -> {rank role: detection it must report}
-    "skip": {0: "skip", 1: "skip_peer"},
-    "kill": {0: "kill"},
-}
 
 
 def worker_env(rank: int) -> dict[str, str]:
@@ -691,11 +727,18 @@ def worker_env(rank: int) -> dict[str, str]:
     return env
 
 
-def expected_detections(plan: Plan) -> dict[int, str]:
-    if plan.fault.kind == "abort":
-        aborter = plan.fault.aborter
-        return {aborter: "abort_self", 1 - aborter: "abort"}
-    return SURVIVOR_DETECTIONS.get(plan.fault.kind, {})
+def expected_detections(plan: Plan, world: int) -> dict[int, str]:
+    """The detection each rank must report in `plan`'s cycle: the rank that skips or aborts one
+    of its own, every other rank the fault's; a killed rank none."""
+    fault = plan.fault
+    if fault.kind == "abort":
+        return {r: "abort_self" if r == fault.aborter else "abort" for r in range(world)}
+    faulty = faulty_rank(world)
+    if fault.kind == "skip":
+        return {r: "skip_peer" if r == faulty else "skip" for r in range(world)}
+    if fault.kind == "kill":
+        return {r: "kill" for r in range(world) if r != faulty}
+    return {}
 
 
 def log_tail(path: Path, lines: int = 40) -> str:
@@ -708,12 +751,13 @@ def log_tail(path: Path, lines: int = 40) -> str:
 class Soak:
     """Starts and watches the workers, collects each cycle's results in order, and judges them.
 
-    A cycle is done when every rank that should report has (rank 1 does not in "kill" cycles,
-    where it must instead die of SIGKILL after noting the kill). It must be done within the
-    cycle deadline, or the soak stops as hung."""
+    A cycle is done when every rank that should report has (the faulty rank does not in "kill"
+    cycles, where it must instead die of SIGKILL after noting the kill). It must be done within
+    the cycle deadline, or the soak stops as hung."""
 
     def __init__(self, args: argparse.Namespace, store: dist.TCPStore, log_dir: Path) -> None:
         self.args = args
+        self.faulty = faulty_rank(args.world)
         self.store = store
         self.log_dir = log_dir
         self.workers: dict[int, subprocess.Popen] = {}
@@ -733,7 +777,7 @@ class Soak:
         command = [
             sys.executable,
             str(Path(__file__).resolve()),
-            *("--worker-rank", str(rank), "--port", str(self.store.port)),
+            *("--worker-rank", str(rank), "--world", str(a.world), "--port", str(self.store.port)),
             *("--first-cycle", str(first_cycle), "--parent-pid", str(os.getpid())),
             *("--cycles", str(a.cycles), "--seed", str(a.seed), "--warmup", str(a.warmup)),
             *("--timeout-s", str(a.timeout_s), "--mem-tolerance-mib", str(a.mem_tolerance_mib)),
@@ -761,8 +805,8 @@ class Soak:
         self.workers.clear()
 
     def watch_workers(self, cycle: int) -> None:
-        """Handles workers that exited: rank 1 killed as planned is replaced, a worker done with
-        its cycles is let go, anything else stops the soak."""
+        """Handles workers that exited: the faulty rank killed as planned is replaced, a worker
+        done with its cycles is let go, anything else stops the soak."""
         for rank, proc in list(self.workers.items()):
             rc = proc.poll()
             if rc is None:
@@ -770,27 +814,32 @@ class Soak:
             del self.workers[rank]
             if rc == 0:
                 continue  # it ran its last cycle; a missing result shows in collect()
-            killed = self.planned_kill(cycle) if rank == 1 and rc == -signal.SIGKILL else None
+            killed = (
+                self.planned_kill(cycle) if rank == self.faulty and rc == -signal.SIGKILL else None
+            )
             if killed is None:
                 self.fail(f"rank {rank} exited with rc {rc} during cycle {cycle}", fatal=True)
                 continue
             self.killed.add(killed)
             if killed + 1 < self.args.cycles:
-                self.spawn(1, killed + 1)
+                self.spawn(self.faulty, killed + 1)
 
     def planned_kill(self, cycle: int) -> int | None:
-        """The kill cycle rank 1 died in, if it died in one: the first cycle from `cycle` on
-        (rank 1 may run ahead of the orchestrator's bookkeeping) that plans a kill and whose
-        kill rank 1 noted in the store."""
+        """The kill cycle the faulty rank died in, if it died in one: the first cycle from
+        `cycle` on (the faulty rank may run ahead of the orchestrator's bookkeeping) that plans a
+        kill and whose kill the faulty rank noted in the store."""
         for candidate in range(cycle, self.args.cycles):
-            plan = plan_cycle(self.args.seed, candidate, self.args.warmup)
-            if candidate in self.killed or plan.fault.kind != "kill":
+            if candidate in self.killed or self.plan(candidate).fault.kind != "kill":
                 continue
             if self.store.check([killed_key(candidate)]):
                 return candidate
         return None
 
     # cycles
+
+    def plan(self, cycle: int) -> Plan:
+        a = self.args
+        return plan_cycle(a.seed, cycle, a.warmup, a.world)
 
     def fail(self, message: str, fatal: bool = False) -> None:
         self.failures.append(message)
@@ -799,19 +848,19 @@ class Soak:
     def collect(self, cycle: int, plan: Plan) -> bool:
         """Whether every result cycle `cycle` owes is in (reading them as they come)."""
         killed = plan.fault.kind == "kill"
-        owed = (0,) if killed else tuple(range(WORLD_SIZE))
+        owed = [r for r in range(self.args.world) if not (killed and r == self.faulty)]
         for rank in owed:
             if rank in self.results[cycle]:
                 continue
             if not self.store.check([result_key(cycle, rank)]):
-                if rank not in self.workers and not (rank == 1 and cycle in self.killed):
+                if rank not in self.workers:
                     self.fail(f"rank {rank} is gone without a result for cycle {cycle}", True)
                 return False
             self.results[cycle][rank] = json.loads(self.store.get(result_key(cycle, rank)))
         return not killed or cycle in self.killed
 
     def await_cycle(self, cycle: int) -> bool:
-        plan = plan_cycle(self.args.seed, cycle, self.args.warmup)
+        plan = self.plan(cycle)
         deadline = time.monotonic() + self.args.cycle_deadline_s
         while True:
             self.watch_workers(cycle)
@@ -845,7 +894,7 @@ class Soak:
             self.stop_workers(dump_stacks=True)
 
     def run(self) -> None:
-        for rank in range(WORLD_SIZE):
+        for rank in range(self.args.world):
             self.spawn(rank, 0)
         for cycle in range(self.args.cycles):
             if not self.await_cycle(cycle):
@@ -863,7 +912,7 @@ class Soak:
         latencies: dict[str, list[float]] = collections.defaultdict(list)
         examples: dict[str, str] = {}
         for cycle in range(self.cycles_done):
-            plan = plan_cycle(self.args.seed, cycle, self.args.warmup)
+            plan = self.plan(cycle)
             for rank, result in sorted(self.results[cycle].items()):
                 where = f"cycle {cycle} ({plan.fault.kind}) rank {rank}"
                 self.failures += [f"{where}: {f}" for f in result["failures"]]
@@ -876,7 +925,7 @@ class Soak:
                     examples.setdefault(name, result["errors"].get(name, ""))
                     if not 0.0 <= seconds <= limit:
                         self.fail(f"{where}: {name} surfaced after {seconds}s (limit {limit}s)")
-                wanted = expected_detections(plan).get(rank)
+                wanted = expected_detections(plan, self.args.world).get(rank)
                 if wanted and wanted not in result["detections"] and not result["failures"]:
                     self.fail(f"{where}: no {wanted} detection reported")
         return {
@@ -913,14 +962,9 @@ class Soak:
     def report(self) -> dict:
         detection = self.judge()
         resources_report = self.judge_resources()
-        faults = collections.Counter(
-            plan_cycle(self.args.seed, c, self.args.warmup).fault.kind
-            for c in range(self.cycles_done)
-        )
+        faults = collections.Counter(self.plan(c).fault.kind for c in range(self.cycles_done))
         ops = collections.Counter(
-            spec.kind
-            for c in range(self.cycles_done)
-            for spec in plan_cycle(self.args.seed, c, self.args.warmup).ops
+            spec.kind for c in range(self.cycles_done) for spec in self.plan(c).ops
         )
         cycle_seconds = [
             r["seconds"] for c in range(self.cycles_done) for r in self.results[c].values()
@@ -929,6 +973,7 @@ class Soak:
             "ok": not self.failures,
             "cycles_requested": self.args.cycles,
             "cycles_run": self.cycles_done,
+            "world": self.args.world,
             "seed": self.args.seed,
             "timeout_s": self.args.timeout_s,
             "warmup_cycles": self.args.warmup,
@@ -942,7 +987,7 @@ class Soak:
             "one_sided_skipped": any(
                 r.get("skipped") for c in range(self.cycles_done) for r in self.results[c].values()
             ),
-            "respawns": self.spawns - WORLD_SIZE,
+            "respawns": self.spawns - self.args.world,
             "detection_s": detection,
             "cycle_seconds_max": max(cycle_seconds, default=0.0),
             "resources": resources_report,
@@ -974,7 +1019,9 @@ def orchestrate(args: argparse.Namespace) -> int:
         soak.stop_workers()
         report = soak.report()
         out.write_text(json.dumps(report, indent=1) + "\n")
-        summary = {k: report[k] for k in ("ok", "cycles_run", "faults", "respawns", "elapsed_s")}
+        summary = {
+            k: report[k] for k in ("ok", "world", "cycles_run", "faults", "respawns", "elapsed_s")
+        }
         summary["max_detection_s"] = {
             name: v["max"] for name, v in report["detection_s"]["by_fault"].items()
         }
@@ -987,6 +1034,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cycles", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--world", type=int, default=2, help="ranks: 0 observes, the last is the faulty one"
+    )
     parser.add_argument("--out", default="soak_report.json")
     parser.add_argument("--timeout-s", type=float, default=3.0, help="the groups' timeout")
     parser.add_argument(
@@ -1011,6 +1061,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.cycles < 1 or args.warmup < 0:
         parser.error("--cycles must be positive and --warmup not negative")
+    if args.world < 2:
+        parser.error(
+            f"--world must be at least 2 (rank 0 observes, the last rank is the faulty one),"
+            f" got {args.world}"
+        )
     return args
 
 

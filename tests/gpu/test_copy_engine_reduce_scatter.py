@@ -192,9 +192,14 @@ def test_captured_in_a_cuda_graph_it_leaves_the_op_to_nccl(rank, always):
 @needs_ranks(2)  # a peer never joins
 @pytest.mark.timeout(60, method="thread")
 def test_aborting_the_group_ends_a_reduce_scatter_its_peer_never_joins(rank):
-    """abort() is immediate (destroy would first give the op its timeout to finish)."""
+    """abort() is immediate (destroy would first give the op its timeout to finish). The path
+    the lonely op takes is checked first: the copy engine where the peers are load/store
+    reachable, NCCL's kernel elsewhere (other nodes), whose abort is then what is tested."""
     group = _group(True)
-    _reduce_scatter(group, SWEEP_NUMEL, torch.float32, rank)  # staging made on every rank
+    reachable = load_store_reachable(group)
+    kernels, right = _profiled_reduce_scatter(group, SWEEP_NUMEL, rank)  # staging on every rank
+    assert right
+    assert any("waitKernel" in k for k in kernels) == reachable, kernels
     side = torch.cuda.Stream()
     if rank == 0:
         with torch.cuda.stream(side):  # waits for the other ranks' parts, which never come

@@ -29,11 +29,12 @@ SLACK_S = 2.0  # what the issue allows past the timeout: watchdog polling and th
 CHILD_TIMEOUT_CAP_S = float(os.environ.get("NCCL_CORE_TEST_CHILD_TIMEOUT_S", "inf"))
 
 
-def scenario(rank: int, name: str, timeout_s: float = 90.0) -> dict:
-    """Runs scenario `name` on ranks 0 and 1; this rank's report, once its child exited with 0."""
-    child = run_child_world(rank, SCRIPT, [name], min(timeout_s, CHILD_TIMEOUT_CAP_S), world=2)
+def scenario(rank: int, name: str, timeout_s: float = 90.0, world: int = 2) -> dict:
+    """Runs scenario `name` on the first `world` ranks; this rank's report, once its child
+    exited with 0."""
+    child = run_child_world(rank, SCRIPT, [name], min(timeout_s, CHILD_TIMEOUT_CAP_S), world=world)
     if child is None:
-        pytest.skip("a two-rank scenario: it ran on ranks 0 and 1")
+        pytest.skip(f"a {world}-rank scenario: it ran on ranks 0 to {world - 1}")
     assert child.returncode == 0, (
         f"{name}: rc {child.returncode}\n{child.stdout[-2000:]}\n{child.stderr[-4000:]}"
     )
@@ -248,20 +249,30 @@ def test_nccl_memory_churn_on_two_threads_is_no_false_timeout(rank):
 @pytest.mark.timeout(150, method="thread")
 def test_a_killed_peer_is_named_by_op_sequence_number_and_group(rank):
     """Was: "NCCL reported an asynchronous error on group '0': ncclRemoteError ...", naming no
-    op. Rank 1 kills itself (its child ends with SIGKILL, as planned)."""
-    child = run_child_world(rank, SCRIPT, ["peer_killed_mid_all_reduce"], 90.0, world=2)
+    op."""
+    report = survivor_of_a_kill(rank, "peer_killed_mid_all_reduce", world=2)
+    if report is not None:
+        assert report["destroy_s"] < 10.0, report
+
+
+def survivor_of_a_kill(rank: int, name: str, world: int) -> dict | None:
+    """Runs scenario `name`, whose last rank kills itself (its child ends with SIGKILL, as
+    planned), on the first `world` ranks; a survivor's report, once its DistBackendError was
+    checked: it names the op, its sequence number and the group, within the timeout. None on
+    the victim."""
+    child = run_child_world(rank, SCRIPT, [name], 120.0, world=world)
     if child is None:
-        pytest.skip("a two-rank scenario: it ran on ranks 0 and 1")
-    if rank == 1:  # killed itself, not by run_child_world's timeout
+        pytest.skip(f"a {world}-rank scenario: it ran on ranks 0 to {world - 1}")
+    if rank == world - 1:  # killed itself, not by run_child_world's timeout
         assert child.returncode == -9, (child.returncode, child.stderr[-3000:])
         assert "[killed: timed out]" not in child.stderr
-        return
+        return None
     assert child.returncode == 0, (child.returncode, child.stdout[-2000:], child.stderr[-4000:])
     report = json.loads(child.stdout.strip().splitlines()[-1])
     error = report["error"] or ""
     assert re.search(r"nccl_core (synchronous )?allreduce \(seq \d+\) on group '0'", error), report
     assert report["error_s"] <= report["timeout_s"] + SLACK_S, report
-    assert report["destroy_s"] < 10.0, report
+    return report
 
 
 @pytest.mark.timeout(150, method="thread")
@@ -276,3 +287,39 @@ def test_a_clean_teardown_logs_nothing_whichever_rank_goes_first(rank, first):
     assert json.loads(child.stdout.strip().splitlines()[-1])["correct"]
     logged = [line for line in child.stderr.splitlines() if "nccl_core" in line]
     assert not logged, logged
+
+
+@needs_ranks(4)
+@pytest.mark.timeout(150, method="thread")
+def test_survivors_of_a_killed_rank_shrink_and_train_on(rank):
+    """One rank of 4 is SIGKILLed mid all_reduce: the other 3 raise DistBackendError naming the
+    op, its sequence number and the group within the timeout, shrink the group to themselves
+    (SHRINK_ABORT) and train a DDP model that matches a 3-rank reference. Was: the failed
+    group's communicator was aborted and shrink_group raised "was aborted"."""
+    report = survivor_of_a_kill(rank, "killed_rank_then_shrink_and_train", world=4)
+    if report is None:
+        return
+    assert report["world"] == 3, report
+    assert report["probe"], report
+    assert report["ddp_difference"] < 1e-5, report
+
+
+@needs_ranks(4)
+@pytest.mark.timeout(150, method="thread")
+def test_rank_0_late_at_init_by_5_s(rank):
+    report = scenario(rank, "rank0_late_at_init", world=4)
+    assert report["correct"], report
+    if rank != 0:
+        assert 4.0 < report["init_s"] < 30.0, report  # it waited for rank 0, within the timeout
+
+
+@needs_ranks(4)
+@pytest.mark.timeout(150, method="thread")
+def test_a_rank_that_never_joins_a_new_group_bounds_the_others_by_its_timeout(rank):
+    """Was: NCCL's bootstrap waited for the absent rank for ever (a blocking communicator has
+    no handle to abort until its initialization returns)."""
+    report = scenario(rank, "rank_never_joins_new_group", world=4)
+    if rank != 3:
+        assert "rank(s) 3 of group" in (report["error"] or ""), report
+        assert 3.0 <= report["error_s"] <= 3.0 + SLACK_S, report
+    assert report["default_group_works"], report

@@ -4,7 +4,9 @@ Every op, dtype and size of the collective sweep runs on a group with it on: wha
 reduces (sum, product, min, max, avg; floating and integer dtypes, up to 256 KiB) it runs, the
 rest goes to NCCL, and every result must be exact. The tests also check that it is the path that
 ran (its kernel in a profile), its limit, unaligned views, ops alternating between the caller's
-and the internal stream, and CUDA graphs replayed with new data, each replay checked.
+and the internal stream, and CUDA graphs replayed with new data, each replay checked. The kernel
+needs peers that map each other's memory: elsewhere (other nodes) those tests skip, saying so,
+and one test checks that NCCL then runs every all_reduce, right.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def _all_reduce(group, numel, dtype, rank, op="sum", *, salt=0, async_op=False):
 
 @pytest.mark.parametrize("async_op", ASYNC_MODES)
 @pytest.mark.parametrize(("op", "dtype", "numel"), reduce_cases())
-def test_every_op_dtype_and_size(rank, one_shot, op, dtype, numel, async_op):
+def test_every_op_dtype_and_size(rank, one_shot, runs_there, op, dtype, numel, async_op):
     tensor, expected = _all_reduce(one_shot, numel, dtype, rank, op, async_op=async_op)
     assert_equal(tensor, expected)
 
@@ -82,9 +84,24 @@ def test_it_is_the_path_that_runs_up_to_its_limit(rank, one_shot, runs_there):
     assert not any(KERNEL in k for k in ran["off"]), ran["off"]
 
 
+def test_without_load_store_peers_nccl_runs_it(rank, one_shot):
+    """The cross-node contract: where the peers do not map each other's memory (other nodes),
+    the option routes every all_reduce to NCCL, with the same results."""
+    comm = torch_nccl_core.communicator(one_shot)
+    if comm.lsa_size == comm.size:
+        pytest.skip("the peers are load/store reachable: the kernel's own tests cover this group")
+    results = []
+    kernels = profiled_kernels(
+        lambda: results.append(_all_reduce(one_shot, 1024, torch.float32, rank))
+    )
+    assert_equal(*results[0])
+    assert not any(KERNEL in k for k in kernels), kernels
+    assert any("AllReduce" in k for k in kernels), kernels
+
+
 @pytest.mark.parametrize("offset", [1, 2, 3, "by_rank"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.int64])
-def test_unaligned_views(rank, one_shot, offset, dtype):
+def test_unaligned_views(rank, one_shot, runs_there, offset, dtype):
     """Views off a 16-byte boundary take the element-wise loop; around them stays untouched.
     by_rank: aligned on even ranks only, over several blocks, so ranks that load differently
     must still split the elements alike."""
@@ -99,7 +116,7 @@ def test_unaligned_views(rank, one_shot, offset, dtype):
     assert (base[:offset] == -1).all() and (base[offset + numel :] == -1).all()
 
 
-def test_ops_alternating_between_streams_without_waits(rank, one_shot):
+def test_ops_alternating_between_streams_without_waits(rank, one_shot, runs_there):
     """Sync ops run on the caller's stream, async ones on the internal stream; the kernel
     orders each after the previous one whichever stream it ran on."""
     sizes = (3, 5000, 20000, LIMIT // 4 - 64)  # from one block to all: the split changes

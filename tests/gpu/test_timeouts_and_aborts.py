@@ -1,7 +1,8 @@
 """Failures and teardown: a collective one rank skips times out; abort and shutdown are idempotent.
 
-Named to run last: these tests leave aborted groups behind (destroyed, but their NCCL state is
-gone for good). Each one ends by showing that the default group still works on every rank.
+These tests leave aborted groups behind (destroyed, their NCCL state gone for good); each one
+ends by showing that the default group still works on every rank, so tests after them, in this
+file or another, run on a healthy world whatever the order.
 """
 
 from __future__ import annotations

@@ -1,0 +1,82 @@
+"""How the ranks of a new communicator meet before NCCL initializes it (csrc/backend/rendezvous.h):
+bounded by the group's timeout, naming the ranks that never came, where NCCL's own bootstrap
+would wait for them for ever."""
+
+from __future__ import annotations
+
+import socket
+import time
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+from threads import in_thread
+
+from torch_nccl_core import _C
+
+testing = _C._testing
+
+
+def hash_stores(count: int) -> list:
+    """One store that every rank's thread shares."""
+    return [dist.HashStore()] * count
+
+
+def tcp_stores(count: int) -> list:
+    """A client each (one TCPStore client serves one call at a time), on one server."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    timeout = timedelta(seconds=30)
+    server = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timeout)
+    return [server] + [
+        dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout) for _ in range(count - 1)
+    ]
+
+
+STORES = {"hash": hash_stores, "tcp": tcp_stores}
+
+
+def meet(stores, ranks, size: int, timeout_s: float, prefix: str = "init") -> dict:
+    """Each of `ranks` meets on a thread of its own, through its store; rank -> its outcome and
+    seconds taken."""
+    start = time.monotonic()
+    timeout = timedelta(seconds=timeout_s)
+    running = {
+        r: in_thread(lambda r=r: testing.rendezvous(stores[r], prefix, r, size, timeout))
+        for r in ranks
+    }
+    outcomes = {}
+    for r, (thread, outcome) in running.items():
+        thread.join(timeout_s + 10.0)
+        assert not thread.is_alive(), f"rank {r} still waiting"
+        outcomes[r] = {**outcome, "s": time.monotonic() - start}
+    return outcomes
+
+
+@pytest.mark.parametrize("kind", STORES)
+def test_every_rank_gets_rank_0s_unique_id(fake, kind):
+    outcomes = meet(STORES[kind](4), range(4), 4, timeout_s=5.0)
+    ids = [outcomes[r].get("result") for r in range(4)]
+    assert ids[0] is not None and any(ids[0]), outcomes
+    assert ids == [ids[0]] * 4, outcomes
+
+
+@pytest.mark.parametrize("kind", STORES)
+def test_a_rank_that_never_comes_is_named_once_the_timeout_passed(fake, kind):
+    outcomes = meet(STORES[kind](4), [0, 1, 3], 4, timeout_s=0.5)
+    for r in (0, 1, 3):
+        error = outcomes[r].get("error")
+        assert isinstance(error, dist.DistBackendError), outcomes[r]
+        assert "rank(s) 2 of group 'g' did not come" in str(error), error
+        assert "(500 ms)" in str(error), error
+        assert 0.4 < outcomes[r]["s"] < 3.0, outcomes[r]
+
+
+def test_a_later_meeting_under_another_prefix_gets_a_new_id(fake):
+    stores = hash_stores(2)
+    first = meet(stores, range(2), 2, timeout_s=5.0, prefix="a")
+    second = meet(stores, range(2), 2, timeout_s=5.0, prefix="b")
+    assert first[1]["result"] == first[0]["result"], first
+    assert second[1]["result"] == second[0]["result"], second
+    assert first[0]["result"] != second[0]["result"]
