@@ -78,11 +78,20 @@ def mps_daemon() -> Iterator[dict[str, str]]:
             print(
                 f"torch_nccl_core.launch: the MPS daemon did not quit within {MPS_QUIT_S} s "
                 "(a client is still running); stop it with `echo quit | "
-                f"CUDA_MPS_PIPE_DIRECTORY={env['CUDA_MPS_PIPE_DIRECTORY']} {control}`",
+                f"CUDA_MPS_PIPE_DIRECTORY={env['CUDA_MPS_PIPE_DIRECTORY']} {control}`. "
+                f"Its log, which names its clients' pids:\n{_log_tail(env)}",
                 file=sys.stderr,
             )
         else:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _log_tail(env: dict[str, str], lines: int = 20) -> str:
+    try:
+        with open(os.path.join(env["CUDA_MPS_LOG_DIRECTORY"], "control.log")) as log:
+            return "".join(log.readlines()[-lines:])
+    except OSError as error:
+        return f"(unreadable: {error})"
 
 
 def _parse(argv: Sequence[str]) -> tuple[bool, list[str]]:
