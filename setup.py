@@ -1,4 +1,5 @@
-"""Build of torch-nccl-core: one C++ extension (torch_nccl_core._C) over NCCL.
+"""Build of torch-nccl-core: the C++ extension torch_nccl_core._C over NCCL, and beside it
+torch_nccl_core._testing, the test doubles the CPU tests drive it with.
 
 NCCL is taken from the nvidia-nccl-cu13 package that torch itself loads, unless
 NCCL_HOME, or NCCL_INCLUDE_DIR and NCCL_LIB_DIR, point elsewhere.
@@ -63,10 +64,39 @@ def version() -> str:
     return re.search(r'__version__ = "([^"]+)"', text).group(1)
 
 
+class BuildExtensions(BuildExtension):
+    """_testing after _C, linked to it: the test doubles drive _C's objects (one copy of its
+    state in the process), found beside it at run time."""
+
+    def build_extension(self, ext):
+        if ext.name == TESTING:
+            built = Path(self.get_ext_fullpath(PRODUCT))
+            ext.library_dirs.append(str(built.parent))
+            ext.extra_link_args += [f"-l:{built.name}", "-Wl,-rpath,$ORIGIN"]
+        super().build_extension(ext)
+
+
+def extension(name: str, sources: list[str]) -> CUDAExtension:
+    return CUDAExtension(
+        name=name,
+        sources=sources,
+        include_dirs=[str(ROOT / "csrc"), nccl_include],
+        library_dirs=[nccl_lib],
+        # The exact soname torch loads, so both share one NCCL instance.
+        libraries=[":libnccl.so.2"],
+        # Our code is C++17; torch picks the -std flag its headers need.
+        extra_compile_args={"cxx": ["-O2"], "nvcc": ["-O2"]},
+    )
+
+
+PRODUCT, TESTING = "torch_nccl_core._C", "torch_nccl_core._testing"
 nccl_include, nccl_lib = nccl_dirs()
+# The test doubles (csrc/testing) are an extension of their own, never part of _C.
 sources = sorted(
     glob.glob("csrc/**/*.cpp", recursive=True) + glob.glob("csrc/**/*.cu", recursive=True)
 )
+testing = [s for s in sources if s.startswith("csrc/testing/")]
+product = [s for s in sources if s not in testing]
 
 setup(
     name="torch-nccl-core",
@@ -75,19 +105,8 @@ setup(
     packages=find_packages(include=["torch_nccl_core", "torch_nccl_core.*"]),
     package_data={"torch_nccl_core": ["py.typed", "*.pyi"]},
     python_requires=">=3.10",
-    ext_modules=[
-        CUDAExtension(
-            name="torch_nccl_core._C",
-            sources=sources,
-            include_dirs=[str(ROOT / "csrc"), nccl_include],
-            library_dirs=[nccl_lib],
-            # The exact soname torch loads, so both share one NCCL instance.
-            libraries=[":libnccl.so.2"],
-            # Our code is C++17; torch picks the -std flag its headers need.
-            extra_compile_args={"cxx": ["-O2"], "nvcc": ["-O2"]},
-        )
-    ],
-    cmdclass={"build_ext": BuildExtension},
+    ext_modules=[extension(PRODUCT, product), extension(TESTING, testing)],
+    cmdclass={"build_ext": BuildExtensions},
     entry_points={
         "torch.distributed.backends": ["nccl_core = torch_nccl_core._registration:register"]
     },

@@ -132,7 +132,9 @@ def install_noop_nccl(core):
     its host time per call without NCCL's. Returns the fake."""
     if core is None:
         raise SystemExit("--noop-nccl needs torch_nccl_core")
-    return core._C._testing.FakeNccl(real_cuda=True)
+    import torch_nccl_core._testing
+
+    return torch_nccl_core._testing.FakeNccl(real_cuda=True)
 
 
 def init_distributed(args) -> tuple[torch.device, Callable[[], None]]:

@@ -3,7 +3,7 @@
 // symbols NCCL 2.28 exports (tests/cpu/test_linked_symbols.py), so one build
 // loads on every NCCL >= 2.28; newer host functions come from dlsym and are
 // null where the runtime lacks them. Tests replace the table with a fake
-// (torch_nccl_core._C._testing), so the communicator's and the watchdog's
+// (torch_nccl_core._testing), so the communicator's and the watchdog's
 // logic runs in CI, which has no GPU. Modelled on torchcomms' NcclApi.
 #pragma once
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from torch_nccl_core import _C
+from torch_nccl_core import _testing
 
 # Fakes left installed because communicators of theirs outlived a failed test.
 _KEPT: list = []
@@ -15,10 +15,10 @@ _KEPT: list = []
 
 @pytest.fixture
 def fake(request):
-    """`_C._testing.FakeNccl` installed for the test (csrc/python/fake_nccl.h); fails the test if
+    """`_testing.FakeNccl` installed for the test (csrc/testing/fake_nccl.h); fails the test if
     a communicator of it outlives the test or was misused. Indirect parametrization with
     {"revoke": False} gives a table without ncclCommRevoke (NCCL < 2.28.7)."""
-    fake = _C._testing.FakeNccl(**getattr(request, "param", {}))
+    fake = _testing.FakeNccl(**getattr(request, "param", {}))
     yield fake
     # A raised error's traceback keeps the test's frame, and so its
     # communicators, alive: in a cycle, or in sys.last_* after a failure.

@@ -17,8 +17,8 @@ import torch.distributed as dist
 
 import torch_nccl_core
 from torch_nccl_core import _C
+from torch_nccl_core import _testing as testing
 
-testing = _C._testing
 SYMMETRIC = _C.NCCL_WIN_COLL_SYMMETRIC
 DEFAULT = 0
 MiB = 1 << 20

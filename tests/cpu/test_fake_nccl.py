@@ -1,6 +1,6 @@
 """The communicator's and the watchdog's failure logic against a scripted NCCL.
 
-`torch_nccl_core._C._testing.FakeNccl` replaces the package's one table of NCCL entry points
+`torch_nccl_core._testing.FakeNccl` replaces the package's one table of NCCL entry points
 (csrc/nccl/api.h) while it lives: communicators are host objects, a call can be held inside NCCL
 or made to fail, and misuse that would crash real NCCL (ncclCommAbort under a call in progress,
 a call on a freed communicator) is counted. So this runs in CI, which has no GPU.
@@ -15,9 +15,8 @@ import pytest
 import torch.distributed as dist
 from threads import in_thread
 
-from torch_nccl_core import _C
+from torch_nccl_core import _testing as testing
 
-testing = _C._testing
 NCCL_SYSTEM_ERROR = 2  # ncclSystemError
 NCCL_REMOTE_ERROR = 6  # ncclRemoteError
 
@@ -143,7 +142,7 @@ def test_a_failed_check_names_call_communicator_and_caller(fake):
         testing.check(comm, NCCL_SYSTEM_ERROR, "ncclAllReduce")
     message = str(raised.value)
     assert "ncclAllReduce on group 'g'" in message and "ncclSystemError" in message
-    assert "testing_bindings.cpp:" in message and "communicator.cpp" not in message
+    assert "testing/bindings.cpp:" in message and "communicator.cpp" not in message
     assert not comm.is_aborted  # a failed call is reported, not acted on
     testing.abort(comm)
 

@@ -1,6 +1,6 @@
 """The flight recorder's dumps against torch's own analyzer (torch.distributed.flight_recorder).
 
-A recorder of its own (`torch_nccl_core._C._testing.FlightRecorder`) is fed the ops two ranks
+A recorder of its own (`torch_nccl_core._testing.FlightRecorder`) is fed the ops two ranks
 issued, as the backend feeds the process's recorder; each dump is written where torch's dump
 would go, and torch's analyzer must find what a user looks for: the collective one rank never
 joined, and which rank that was.
@@ -14,8 +14,8 @@ import torch
 
 import torch_nccl_core
 from torch_nccl_core import _C
+from torch_nccl_core import _testing as testing
 
-testing = _C._testing
 NAME, DESC = "0", "default_pg"
 
 

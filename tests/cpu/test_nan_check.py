@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torch_nccl_core import _C
+from torch_nccl_core import _testing
 
-refuse_nan = _C._testing.refuse_nan
+refuse_nan = _testing.refuse_nan
 NAN = float("nan")
 
 

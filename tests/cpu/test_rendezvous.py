@@ -12,9 +12,7 @@ import pytest
 import torch.distributed as dist
 from threads import in_thread
 
-from torch_nccl_core import _C
-
-testing = _C._testing
+from torch_nccl_core import _testing as testing
 
 
 def hash_stores(count: int) -> list:

@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from torch_nccl_core import _C
+from torch_nccl_core import _testing
 
 POLL_MS = 50.0  # the watchdog's poll interval
 
@@ -21,7 +21,7 @@ POLL_MS = 50.0  # the watchdog's poll interval
 def _simulate(rng: random.Random, span_ms: float, ops: int, stall_at: int | None = None):
     """Ops issued by a host that may run far ahead, run in order by a GPU; yields, at every poll,
     (reported, truth): the timeline's answer and the oldest unfinished op's (seq, age)."""
-    timeline = _C._testing.SyncOpTimeline(span_ms)
+    timeline = _testing.SyncOpTimeline(span_ms)
     issue, end = [], []
     now = gpu_free = 0.0
     for seq in range(1, ops + 1):
@@ -62,7 +62,7 @@ def test_reported_age_is_a_lower_bound_within_one_span(seed):
 def test_deep_healthy_queue_is_never_old():
     """1 op per ms for a minute, the GPU 40 ms behind: the oldest op is never reported older
     than the GPU's lag, though the queue never drains (one shared event would say 60 s)."""
-    timeline = _C._testing.SyncOpTimeline(250.0)
+    timeline = _testing.SyncOpTimeline(250.0)
     worst = 0.0
     for ms in range(1, 60_001):
         timeline.note(ms, float(ms))
@@ -76,7 +76,7 @@ def test_deep_healthy_queue_is_never_old():
 
 def test_stuck_op_is_reported_within_timeout_plus_one_span():
     timeout_ms, span_ms = 3_000.0, 750.0
-    timeline = _C._testing.SyncOpTimeline(span_ms)
+    timeline = _testing.SyncOpTimeline(span_ms)
     for ms in range(1, 10_001):  # an op per ms; op 2000 never finishes, the host goes on
         timeline.note(ms, float(ms))
         timeline.complete_through(min(ms - 1, 1_999))

@@ -301,6 +301,19 @@ def op_one_sided(ctx: Cycle, i: int, spec: OpSpec) -> list[Check]:
     window.fill_(-1.0)
     torch.cuda.synchronize(ctx.device)
     dist.barrier()
+    comm = torch_nccl_core.communicator()
+    if comm.lsa_size != comm.size and torch_nccl_core.one_sided_engine() != "nccl":
+        # Peers on other nodes (ranks sharing a GPU are nodes of their own) and no NCCL one-sided
+        # API (NCCL < 2.29): the cross-node contract is a clear refusal before anything is
+        # enqueued, and the group goes on; the soak's checks then show the group still right.
+        try:
+            one_sided.put_signal(data(ctx, ctx.rank, i, numel), window, ctx.next_rank)
+        except NotImplementedError as refused:
+            if "NCCL >= 2.29" not in str(refused):
+                raise
+            ctx.result["refused"].append(spec.label)
+            return []
+        raise AssertionError("put_signal to a peer that is not load/store reachable ran")
     one_sided.put_signal(data(ctx, ctx.rank, i, numel), window, ctx.next_rank)
     one_sided.wait_signal(window, ctx.prev_rank)
     received = window.clone()
@@ -576,6 +589,7 @@ def run_cycle(
         "detections": {},
         "errors": {},
         "skipped": [],
+        "refused": [],
     }
     ctx = Cycle(
         rank=rank,
@@ -986,6 +1000,9 @@ class Soak:
             ),
             "one_sided_skipped": any(
                 r.get("skipped") for c in range(self.cycles_done) for r in self.results[c].values()
+            ),
+            "one_sided_refused": any(
+                r.get("refused") for c in range(self.cycles_done) for r in self.results[c].values()
             ),
             "respawns": self.spawns - self.args.world,
             "detection_s": detection,

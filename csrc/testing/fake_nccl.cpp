@@ -1,4 +1,4 @@
-#include "python/fake_nccl.h"
+#include "testing/fake_nccl.h"
 
 #include <c10/util/Exception.h>
 

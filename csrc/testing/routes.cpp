@@ -1,4 +1,4 @@
-// torch_nccl_core._C._testing.CommRoutes: the backend's routing over a
+// torch_nccl_core._testing.CommRoutes: the backend's routing over a
 // communicator of the fake NCCL, with CPU tensors standing for NCCL memory.
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
@@ -10,7 +10,7 @@
 
 #include "backend/comm_routes.h"
 #include "nccl/allocations.h"
-#include "python/testing_bindings.h"
+#include "testing/bindings.h"
 
 namespace py = pybind11;
 

@@ -1,6 +1,6 @@
-// torch_nccl_core._C._testing: the backend's host-side logic driven by CPU
+// torch_nccl_core._testing: the backend's host-side logic driven by CPU
 // tests with fakes in place of the GPU, so that CI (which has none) runs it.
-#include "python/testing_bindings.h"
+#include "testing/bindings.h"
 
 #include <pybind11/chrono.h>
 #include <pybind11/functional.h>
@@ -25,7 +25,8 @@
 #include "backend/work.h"
 #include "nccl/api.h"
 #include "nccl/communicator.h"
-#include "python/fake_nccl.h"
+#include "python/translate_errors.h"
+#include "testing/fake_nccl.h"
 
 namespace py = pybind11;
 
@@ -427,9 +428,15 @@ void bindFlightRecorder(py::module_& testing) {
           py::arg("only_active") = false);
 }
 
-void bindTesting(py::module_& m) {
-  py::module_ testing = m.def_submodule(
-      "_testing", "Host-side logic with fakes in place of the GPU (tests).");
+} // namespace nccl_core
+
+// The package's host-side logic over fakes, for the CPU tests: an extension
+// of its own, linked to _C (whose objects it drives), never part of _C.
+PYBIND11_MODULE(_testing, testing) {
+  using namespace nccl_core;
+  // The classes it hands out and takes (Communicator, the c10d Store).
+  py::module_::import("torch_nccl_core._C");
+  py::register_local_exception_translator(&translateErrors);
   py::class_<FakeTimeline>(
       testing,
       "SyncOpTimeline",
@@ -453,5 +460,3 @@ void bindTesting(py::module_& m) {
   bindFlightRecorder(testing);
   bindRoutes(testing);
 }
-
-} // namespace nccl_core
