@@ -131,9 +131,10 @@ c10::DeviceIndex NcclCoreBackend::deviceForOp(
 }
 
 void NcclCoreBackend::initCommunicator(at::Device device) {
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       device.is_cuda() && device.has_index(),
-      "nccl_core: the communicator needs a CUDA device with an index, got ",
+      "init",
+      "the communicator needs a CUDA device with an index, got ",
       device);
   setupCommunicator(newCommunicator(
       "init",
@@ -299,9 +300,10 @@ at::Device NcclCoreBackend::deviceForOpWithoutTensors(
   // Not the current device: processes that never call set_device would all
   // pick cuda:0. torch's NCCL backend guesses the same way.
   const c10::DeviceIndex count = c10::cuda::device_count();
-  TORCH_CHECK(
+  NCCL_CORE_CHECK_STATE(
       count > 0,
-      "nccl_core: group '",
+      "init",
+      "group '",
       *groupName_,
       "' needs a CUDA device, and this process sees none");
   const auto device = static_cast<c10::DeviceIndex>(globalRank_ % count);
@@ -384,9 +386,8 @@ void NcclCoreBackend::startCoalescing() {
 }
 
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::endCoalescing() {
-  TORCH_CHECK(
-      coalescing_,
-      "nccl_core: endCoalescing() called without startCoalescing()");
+  NCCL_CORE_CHECK_STATE(
+      coalescing_, "endCoalescing", "called without startCoalescing()");
   coalescing_ = false;
   std::vector<at::Tensor> tensors = std::move(coalescedTensors_);
   const OpInfo info{

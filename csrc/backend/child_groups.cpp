@@ -151,9 +151,10 @@ c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::shrink(
         store_, std::move(comm), std::move(name), optsOverride, members);
   }
   // Making the communicator now would wait for the excluded ranks.
-  TORCH_CHECK(
+  NCCL_CORE_CHECK_STATE(
       comm_ != nullptr,
-      "nccl_core shrink: group '",
+      "shrink",
+      "group '",
       *groupName_,
       "' has no communicator yet; shrink works on one that ran an op or was "
       "connected eagerly (init_process_group(device_id=...))");

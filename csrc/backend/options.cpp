@@ -3,39 +3,44 @@
 #include <c10/util/Exception.h>
 #include <c10/util/env.h>
 
+#include "nccl/errors.h"
+
 namespace nccl_core {
 
 void NcclCoreOptions::validate() const {
   if (timeout) {
-    TORCH_CHECK_VALUE(
+    NCCL_CORE_CHECK_ARG(
         timeout->count() > 0,
-        "Options.timeout must be positive, got ",
+        "Options",
+        "timeout must be positive, got ",
         timeout->count(),
         " ms");
   }
   if (cgaClusterSize) {
-    TORCH_CHECK_VALUE(
+    NCCL_CORE_CHECK_ARG(
         *cgaClusterSize >= 0 && *cgaClusterSize <= 8,
-        "Options.cga_cluster_size must be in [0, 8], got ",
+        "Options",
+        "cga_cluster_size must be in [0, 8], got ",
         *cgaClusterSize);
   }
   for (const auto& [name, value] :
        {std::pair{"min_ctas", minCtas}, std::pair{"max_ctas", maxCtas}}) {
     if (value) {
-      TORCH_CHECK_VALUE(
+      NCCL_CORE_CHECK_ARG(
           *value >= 1 && *value <= 64,
-          "Options.",
+          "Options",
           name,
           " must be in [1, 64], got ",
           *value);
     }
   }
   if (minCtas && maxCtas) {
-    TORCH_CHECK_VALUE(
+    NCCL_CORE_CHECK_ARG(
         *minCtas <= *maxCtas,
-        "Options.min_ctas (",
+        "Options",
+        "min_ctas (",
         *minCtas,
-        ") must not exceed Options.max_ctas (",
+        ") must not exceed max_ctas (",
         *maxCtas,
         ")");
   }

@@ -3,6 +3,8 @@
 #include <c10/util/Exception.h>
 #include <c10/util/env.h>
 
+#include "nccl/errors.h"
+
 namespace nccl_core {
 
 SymmetricKernels symmetricKernelsSetting() {
@@ -14,10 +16,10 @@ SymmetricKernels symmetricKernelsSetting() {
     if (*value == "always") {
       return SymmetricKernels::Always;
     }
-    TORCH_CHECK_VALUE(
+    NCCL_CORE_CHECK_ARG(
         *value == "never",
-        "TORCH_NCCL_CORE_SYMMETRIC_KERNELS must be auto, always or never, "
-        "got '",
+        "TORCH_NCCL_CORE_SYMMETRIC_KERNELS",
+        "must be auto, always or never, got '",
         *value,
         "'");
     return SymmetricKernels::Never;

@@ -21,11 +21,11 @@ void checkWindowFlags(int flags) {
       flags,
       "; expected a combination of WindowFlag.DEFAULT, COLL_SYMMETRIC and "
       "STRICT_ORDERING");
-  TORCH_CHECK_NOT_IMPLEMENTED(
+  NCCL_CORE_CHECK_SUPPORTED(
       (flags & kWindowStrictOrdering) == 0 ||
           hasFeature(Feature::WindowStrictOrdering),
-      "nccl_core register_window: WindowFlag.STRICT_ORDERING needs NCCL >= "
-      "2.29 at run time");
+      "register_window",
+      "WindowFlag.STRICT_ORDERING needs NCCL >= 2.29 at run time");
 }
 
 } // namespace
@@ -42,9 +42,10 @@ void checkRegistrable(
 std::shared_ptr<Window>
 registerTensorWindow(Communicator& comm, const at::Tensor& tensor, int flags) {
   constexpr const char* kOp = "register_window";
-  TORCH_CHECK_NOT_IMPLEMENTED(
+  NCCL_CORE_CHECK_SUPPORTED(
       hasFeature(Feature::WindowRegistration),
-      "nccl_core register_window needs NCCL >= 2.27 at run time");
+      kOp,
+      "windows need NCCL >= 2.27 at run time");
   checkRegistrable(comm, tensor, kOp);
   checkWindowFlags(flags);
   NCCL_CORE_CHECK_ARG(

@@ -57,11 +57,10 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::runWindowOp(
 
 void NcclCoreBackend::refuseInsideCoalescing(const char* op) {
   const EndCoalescingOnError endOnError(*this);
-  TORCH_CHECK(
+  NCCL_CORE_CHECK_STATE(
       !coalescing_,
-      "nccl_core ",
       op,
-      ": window operations cannot run inside a coalescing block "
+      "window operations cannot run inside a coalescing block "
       "(batch_isend_irecv, _coalescing_manager); issue them after it");
 }
 
@@ -93,22 +92,20 @@ TorchWindow::TorchWindow(c10::intrusive_ptr<NcclCoreBackend> backend)
 
 void TorchWindow::tensor_register(const at::Tensor& tensor, bool owning) {
   constexpr const char* kOp = "tensor_register";
-  TORCH_CHECK(
+  NCCL_CORE_CHECK_STATE(
       window_ == nullptr,
-      "nccl_core ",
       kOp,
-      ": the window already holds a tensor; call tensor_deregister first");
+      "the window already holds a tensor; call tensor_deregister first");
   backend_->refuseInsideCoalescing(kOp);
   const c10::DeviceIndex device = backend_->deviceForOp(tensor, kOp, "tensor");
   std::shared_ptr<Communicator> comm =
       backend_->sharedCommunicator(at::Device(at::kCUDA, device));
   std::shared_ptr<nccl_core::Window> window =
       registerTensorWindow(*comm, tensor, NCCL_WIN_DEFAULT);
-  TORCH_CHECK_NOT_IMPLEMENTED(
+  NCCL_CORE_CHECK_SUPPORTED(
       window != nullptr,
-      "nccl_core ",
       kOp,
-      ": NCCL returned no window; windows are unsupported here");
+      "NCCL returned no window; windows are unsupported here");
   // torch's window API counts offsets in elements of the window's dtype: a
   // put must match its target's, as torch's own NCCL window requires.
   peerDtypes_ = allGatherDtypes(*backend_, tensor.scalar_type(), device);
@@ -123,11 +120,10 @@ void TorchWindow::tensor_register(const at::Tensor& tensor, bool owning) {
 
 void TorchWindow::tensor_deregister() {
   constexpr const char* kOp = "tensor_deregister";
-  TORCH_CHECK(
+  NCCL_CORE_CHECK_STATE(
       window_ != nullptr,
-      "nccl_core ",
       kOp,
-      ": the window holds no tensor; call tensor_register first");
+      "the window holds no tensor; call tensor_register first");
   backend_->refuseInsideCoalescing(kOp);
   // Every rank's ops issued before, puts into this rank's memory among
   // them, finish before NCCL unmaps the window (MPI_Win_free's rule). On a
@@ -154,11 +150,10 @@ void TorchWindow::tensor_deregister() {
 }
 
 const nccl_core::Window& TorchWindow::registered(const char* op) const {
-  TORCH_CHECK(
+  NCCL_CORE_CHECK_STATE(
       window_ != nullptr,
-      "nccl_core ",
       op,
-      ": the window holds no tensor; call tensor_register first (or pass a "
+      "the window holds no tensor; call tensor_register first (or pass a "
       "tensor to new_window)");
   window_->get(); // RuntimeError once closed (its memory freed, or its group)
   return *window_;
@@ -271,11 +266,10 @@ at::Tensor TorchWindow::map_remote_tensor(int64_t rank) {
     return owned_ ? *owned_ : view(window.userPtr(), sizes_);
   }
   const std::optional<uintptr_t> address = peerPointer(comm, window, peer, 0);
-  TORCH_CHECK_NOT_IMPLEMENTED(
+  NCCL_CORE_CHECK_SUPPORTED(
       address.has_value(),
-      "nccl_core ",
       kOp,
-      ": rank ",
+      "rank ",
       peer,
       " is not load/store reachable from rank ",
       comm.rank(),

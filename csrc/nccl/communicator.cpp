@@ -522,8 +522,10 @@ ncclWindow_t Communicator::windowRegister(void* ptr, size_t bytes, int flags) {
 
 ncclWindow_t Communicator::registerInternalWindow(void* ptr, size_t bytes) {
   const ncclWindow_t window = windowRegister(ptr, bytes, NCCL_WIN_DEFAULT);
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      window != nullptr, "nccl_core: NCCL has no windows on this platform");
+  NCCL_CORE_CHECK_SUPPORTED(
+      window != nullptr,
+      "register_window",
+      "NCCL has no windows on this platform");
   return window;
 }
 

@@ -17,11 +17,10 @@ namespace {
 
 void requireBuildRelease(const char* what) {
   const NcclVersion& runtime = runtimeVersion();
-  TORCH_CHECK_NOT_IMPLEMENTED(
+  NCCL_CORE_CHECK_SUPPORTED(
       runtime.major == NCCL_MAJOR && runtime.minor == NCCL_MINOR,
-      "nccl_core: ",
       what,
-      " needs the NCCL release this extension was built against (",
+      "needs the NCCL release this extension was built against (",
       NCCL_MAJOR,
       ".",
       NCCL_MINOR,
@@ -93,9 +92,10 @@ void setField(
     r.ginVaSignalsRequired = v != 0;
 #endif
   } else {
-    TORCH_CHECK_NOT_IMPLEMENTED(
+    NCCL_CORE_CHECK_SUPPORTED(
         false,
-        "nccl_core create_dev_comm: requirement '",
+        "create_dev_comm",
+        "requirement '",
         name,
         "' is not in the NCCL ",
         NCCL_MAJOR,
@@ -151,9 +151,9 @@ void requireEveryPeerReachable(Communicator& comm) {
       "telling whether GPU-initiated networking (GIN) reaches them needs an "
       "extension built against NCCL >= 2.29";
 #endif
-  TORCH_CHECK_NOT_IMPLEMENTED(
+  NCCL_CORE_CHECK_SUPPORTED(
       gin,
-      "nccl_core create_dev_comm: ",
+      "create_dev_comm",
       comm.size() - lsaSize,
       " of the ",
       comm.size(),
@@ -190,18 +190,19 @@ int ginType(Communicator& comm, bool railed) {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 0)
   requireBuildRelease("gin_type");
   const auto query = nccl().commQueryProperties;
-  TORCH_CHECK(
-      query != nullptr, "nccl_core: NCCL has no ncclCommQueryProperties");
+  NCCL_CORE_CHECK_SUPPORTED(
+      query != nullptr, "gin_type", "NCCL has no ncclCommQueryProperties");
   ncclCommProperties_t props = NCCL_COMM_PROPERTIES_INITIALIZER;
   NCCL_CORE_CHECK(query(comm.get(), &props));
   return static_cast<int>(railed ? props.railedGinType : props.ginType);
 #else
   (void)comm;
   (void)railed;
-  TORCH_CHECK_NOT_IMPLEMENTED(
+  NCCL_CORE_CHECK_SUPPORTED(
       false,
-      "nccl_core gin_type needs NCCL >= 2.29 (ncclCommQueryProperties); this "
-      "extension was built against NCCL ",
+      "gin_type",
+      "needs NCCL >= 2.29 (ncclCommQueryProperties); this extension was built "
+      "against NCCL ",
       NCCL_MAJOR,
       ".",
       NCCL_MINOR);

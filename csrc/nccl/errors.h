@@ -45,11 +45,22 @@ void warnNcclError(
       ::nccl_core::warnNcclError(result_, #call, __FILE__, __LINE__); \
   } while (0)
 
-// An argument check of the package op `op` ("all_reduce", "put_signal"):
-// raises ValueError (TypeError for the _TYPE form) reading
-// "nccl_core <op>: <message>" before NCCL is called, so a refused call leaves
-// the group usable.
+// The checks of what a caller asked for, one per kind of error, each reading
+// "nccl_core <op>: <message>" (`op` names the package op or setting:
+// "all_reduce", "put_signal", "Options") and raised before NCCL is called, so
+// a refused call leaves the group usable:
+//   _ARG        ValueError: a value out of range or inconsistent
+//   _ARG_TYPE   TypeError: an argument of the wrong kind
+//   _SUPPORTED  NotImplementedError: what this NCCL, build or platform cannot
+//               do, naming what would
+//   _STATE      RuntimeError: a call in the wrong state of the group
+// NCCL results go through NCCL_CORE_CHECK / NCCL_CORE_WARN above, CUDA results
+// through c10's C10_CUDA_CHECK / C10_CUDA_CHECK_WARN.
 #define NCCL_CORE_CHECK_ARG(cond, op, ...) \
   TORCH_CHECK_VALUE(cond, "nccl_core ", op, ": ", __VA_ARGS__)
 #define NCCL_CORE_CHECK_ARG_TYPE(cond, op, ...) \
   TORCH_CHECK_TYPE(cond, "nccl_core ", op, ": ", __VA_ARGS__)
+#define NCCL_CORE_CHECK_SUPPORTED(cond, op, ...) \
+  TORCH_CHECK_NOT_IMPLEMENTED(cond, "nccl_core ", op, ": ", __VA_ARGS__)
+#define NCCL_CORE_CHECK_STATE(cond, op, ...) \
+  TORCH_CHECK(cond, "nccl_core ", op, ": ", __VA_ARGS__)

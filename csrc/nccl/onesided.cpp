@@ -35,9 +35,10 @@ bool hostApiAvailable() {
 // The LSA rank of `peer`, or NotImplementedError saying what would reach it.
 int loadStorePeer(Communicator& comm, int peer, const char* otherwise) {
   const std::optional<int> lsaRank = lsaRankOf(comm, peer);
-  TORCH_CHECK_NOT_IMPLEMENTED(
+  NCCL_CORE_CHECK_SUPPORTED(
       lsaRank.has_value(),
-      "nccl_core one-sided: peer ",
+      "one-sided",
+      "peer ",
       peer,
       " is not load/store reachable from this rank (no NVLink or PCIe P2P "
       "mapping); ",
@@ -72,10 +73,11 @@ void copyToPeer(
 
 SignalWindow& signalWindowOf(Communicator& comm) {
   SignalWindow* window = comm.signalWindow();
-  TORCH_CHECK(
+  NCCL_CORE_CHECK_STATE(
       window != nullptr,
-      "nccl_core one-sided: register a window on this communicator first (its "
-      "registration also sets up the signals)");
+      "one-sided",
+      "register a window on this communicator first (its registration also "
+      "sets up the signals)");
   return *window;
 }
 
@@ -296,20 +298,20 @@ OneSidedEngine oneSidedEngine() {
   static const OneSidedEngine engine = [] {
     const auto value = c10::utils::get_env("TORCH_NCCL_CORE_ONE_SIDED_ENGINE");
     const std::string choice = value.value_or("auto");
-    TORCH_CHECK_VALUE(
+    NCCL_CORE_CHECK_ARG(
         choice == "auto" || choice == "nccl" || choice == "load_store",
-        "TORCH_NCCL_CORE_ONE_SIDED_ENGINE must be auto, nccl or load_store, "
-        "got '",
+        "TORCH_NCCL_CORE_ONE_SIDED_ENGINE",
+        "must be auto, nccl or load_store, got '",
         choice,
         "'");
     if (choice == "load_store") {
       return OneSidedEngine::LoadStore;
     }
     const bool host = hostApiAvailable();
-    TORCH_CHECK_NOT_IMPLEMENTED(
+    NCCL_CORE_CHECK_SUPPORTED(
         host || choice == "auto",
-        "TORCH_NCCL_CORE_ONE_SIDED_ENGINE=nccl needs NCCL >= 2.29 at run time "
-        "(ncclPutSignal)");
+        "TORCH_NCCL_CORE_ONE_SIDED_ENGINE",
+        "nccl needs NCCL >= 2.29 at run time (ncclPutSignal)");
     return host ? OneSidedEngine::Host : OneSidedEngine::LoadStore;
   }();
   return engine;

@@ -23,9 +23,10 @@ void CommResource::close() noexcept {
 }
 
 void CommResource::requireValid() const {
-  TORCH_CHECK(
+  NCCL_CORE_CHECK_STATE(
       isValid(),
-      "nccl_core: this ",
+      kind(),
+      "this ",
       kind(),
       " was closed (by close(), by freeing its memory, or by destroying or "
       "aborting its communicator)");

@@ -12,11 +12,10 @@ namespace {
 
 [[noreturn]] void refuseOldRuntime(const char* what) {
   const NcclVersion& v = runtimeVersion();
-  TORCH_CHECK_NOT_IMPLEMENTED(
+  NCCL_CORE_CHECK_SUPPORTED(
       false,
-      "nccl_core: ",
       what,
-      " needs NCCL >= 2.29 at run time (this process has ",
+      "needs NCCL >= 2.29 at run time (this process has ",
       v.major,
       ".",
       v.minor,
@@ -55,16 +54,18 @@ uintptr_t lsaPointer(
     int lsaRank,
     size_t offset) {
   const LsaTeam team = lsaTeam(comm);
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       lsaRank >= 0 && lsaRank < team.size,
-      "nccl_core: lsa_rank ",
+      "lsa_pointer",
+      "lsa_rank ",
       lsaRank,
       " is out of range; expected 0 <= lsa_rank < ",
       team.size,
       " (the LSA team size)");
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       offset <= window.size(),
-      "nccl_core: offset ",
+      "lsa_pointer",
+      "offset ",
       offset,
       " is past the end of the window (",
       window.size(),
@@ -107,9 +108,10 @@ lsaBases(Communicator& comm, ncclWindow_t window, int lsaSize) {
 
 std::optional<uintptr_t>
 peerPointer(Communicator& comm, const Window& window, int peer, size_t offset) {
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       peer >= 0 && peer < comm.size(),
-      "nccl_core: peer ",
+      "peer_pointer",
+      "peer ",
       peer,
       " is out of range; expected 0 <= peer < ",
       comm.size());

@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <nccl_device.h>
 
+#include "nccl/errors.h"
 #include "nccl/version.h"
 #include "nccl/window_pointers.h"
 
@@ -36,12 +37,12 @@ bool canReadLsaBasesOnDevice() {
 std::vector<uintptr_t>
 readLsaBases(ncclWindow_t window, int lsaSize, int device) {
   // Host allocations and synchronisation cannot be captured.
-  TORCH_CHECK(
+  NCCL_CORE_CHECK_STATE(
       c10::cuda::currentStreamCaptureStatusMayInitCtx() ==
           c10::cuda::CaptureStatus::None,
-      "nccl_core: window addresses cannot be read while a CUDA graph is being "
-      "captured (NCCL 2.28 reads them with a kernel); use the window once "
-      "before capturing");
+      "window addresses",
+      "they cannot be read while a CUDA graph is being captured (NCCL 2.28 "
+      "reads them with a kernel); use the window once before capturing");
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   // A side stream, so a capture on the caller's stream is not disturbed; the
   // kernel writes straight into mapped host memory.
@@ -70,7 +71,8 @@ bool canReadLsaBasesOnDevice() {
 }
 
 std::vector<uintptr_t> readLsaBases(ncclWindow_t, int, int) {
-  TORCH_CHECK(false, "nccl_core: no device-side window reader in this build");
+  NCCL_CORE_CHECK_SUPPORTED(
+      false, "window addresses", "no device-side reader in this build");
 }
 
 #endif

@@ -10,6 +10,7 @@
 
 #include "backend/arguments.h"
 #include "backend/backend.h"
+#include "nccl/errors.h"
 #include "nccl/onesided.h"
 
 namespace nccl_core {
@@ -22,11 +23,10 @@ communicatorOf(const std::string& groupName, const char* op) {
   const auto group = c10d::resolve_process_group(groupName);
   auto backend = group->getBackend(c10::DeviceType::CUDA);
   auto* core = dynamic_cast<NcclCoreBackend*>(backend.get());
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       core != nullptr,
-      "nccl_core::",
       op,
-      ": group '",
+      "group '",
       groupName,
       "' does not run nccl_core on CUDA");
   try {
@@ -42,11 +42,10 @@ communicatorOf(const std::string& groupName, const char* op) {
 std::shared_ptr<Window>
 windowOf(Communicator& comm, const at::Tensor& window, const char* op) {
   auto found = comm.findWindow(window.data_ptr(), window.nbytes());
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       found != nullptr,
-      "nccl_core::",
       op,
-      ": `window` must be memory registered as a window of the group "
+      "`window` must be memory registered as a window of the group "
       "(torch_nccl_core.empty(..., window=True) or register_window)");
   return found;
 }
@@ -93,10 +92,10 @@ void waitSignalOp(
   constexpr const char* kOp = "wait_signal";
   const auto owner = communicatorOf(std::string(groupName), kOp);
   Communicator& comm = *owner;
-  TORCH_CHECK_VALUE(
+  NCCL_CORE_CHECK_ARG(
       !peers.empty() && peers.size() == opCounts.size(),
-      "nccl_core::wait_signal: expected as many op_counts as peers (at least "
-      "one), got ",
+      kOp,
+      "expected as many op_counts as peers (at least one), got ",
       peers.size(),
       " and ",
       opCounts.size());

@@ -177,15 +177,17 @@ void bindBackend(py::module_& m) {
                       const NcclCoreOptions& options,
                       std::chrono::milliseconds defaultTimeout,
                       std::vector<int64_t> globalRanks) {
-            TORCH_CHECK_VALUE(
+            NCCL_CORE_CHECK_ARG(
                 size > 0 && rank >= 0 && rank < size,
+                "NcclCoreBackend",
                 "invalid rank ",
                 rank,
                 " for size ",
                 size);
-            TORCH_CHECK_VALUE(
+            NCCL_CORE_CHECK_ARG(
                 globalRanks.empty() ||
                     globalRanks.size() == static_cast<size_t>(size),
+                "NcclCoreBackend",
                 "global_ranks must name one global rank per rank of the "
                 "group (",
                 size,

@@ -1013,12 +1013,76 @@ def rank_never_joins_new_group(job_store) -> dict:
     return report
 
 
+def use_a_window_first() -> None:
+    """A window made, a one-sided put refused where the peers cannot be reached that way (other
+    nodes, NCCL < 2.29), the window freed: as the soak's one-sided op does."""
+    window = torch_nccl_core.empty(1024, window=True)
+    window.fill_(-1.0)
+    torch.cuda.synchronize(DEVICE)
+    dist.barrier()
+    from torch_nccl_core import ops as one_sided
+
+    comm = torch_nccl_core.communicator()
+    if comm.lsa_size != comm.size and torch_nccl_core.one_sided_engine() != "nccl":
+        try:
+            one_sided.put_signal(torch.ones(1024, device=DEVICE), window, 1 - RANK)
+        except NotImplementedError:
+            pass
+    del window
+    gc.collect()
+
+
+def use_a_graph_first() -> None:
+    """A CUDA graph that captured an all_reduce, replayed, then destroyed (the soak's graph op)."""
+    static = torch.ones(255, device=DEVICE)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+        dist.all_reduce(static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph.replay()
+    torch.cuda.synchronize(DEVICE)
+    del graph
+
+
+def timeout_after(job_store, first: Callable[[], None]) -> dict:
+    """`first`, then rank 1 skips an all_reduce: rank 0's times out and the watchdog aborts the
+    communicator with that kernel in flight. CUDA must stay healthy on both ranks: an abort that
+    freed memory a kernel still used would fault (under MPS, in every rank's process)."""
+    init(job_store, timeout_s=3.0)
+    probe()
+    first()
+    dist.barrier()
+    torch.cuda.synchronize(DEVICE)
+    report: dict = {"error": None}
+    if RANK == 0:
+        t = torch.ones(16, device=DEVICE)
+        try:
+            dist.all_reduce(t)
+            torch.cuda.synchronize(DEVICE)
+            dist.all_reduce(t)
+        except dist.DistBackendError as e:
+            report["error"] = str(e)
+    meet(job_store, "timed_out")
+    try:
+        doubled = torch.full((8,), 2.0, device=DEVICE) * 2
+        torch.cuda.synchronize(DEVICE)
+        report["cuda_ok"] = bool((doubled == 4.0).all())
+    except Exception as e:  # reported to the parent
+        report["cuda_ok"] = repr(e)
+    dist.destroy_process_group()
+    return report
+
+
 SCENARIOS = {
     "nccl_memory_churn_on_two_threads": nccl_memory_churn_on_two_threads,
     "peer_killed_mid_all_reduce": peer_killed_mid_all_reduce,
     "killed_rank_then_shrink_and_train": killed_rank_then_shrink_and_train,
     "rank0_late_at_init": rank0_late_at_init,
     "rank_never_joins_new_group": rank_never_joins_new_group,
+    "timeout_after_a_window": lambda s: timeout_after(s, use_a_window_first),
+    "timeout_after_a_graph": lambda s: timeout_after(s, use_a_graph_first),
     "clean_teardown_rank0_first": lambda s: clean_teardown(s, 0),
     "clean_teardown_rank1_first": lambda s: clean_teardown(s, 1),
     "destroy_after_sync_ops": destroy_after_sync_ops,

@@ -323,3 +323,15 @@ def test_a_rank_that_never_joins_a_new_group_bounds_the_others_by_its_timeout(ra
         assert "rank(s) 3 of group" in (report["error"] or ""), report
         assert 3.0 <= report["error_s"] <= 3.0 + SLACK_S, report
     assert report["default_group_works"], report
+
+
+@pytest.mark.timeout(150, method="thread")
+@pytest.mark.parametrize("first", ["window", "graph"])
+def test_a_timeout_after_a_window_or_graph_leaves_cuda_healthy(rank, first):
+    """What the soak's first cycle did at 2 ranks under MPS, where an illegal memory access then
+    took down every rank (2026-11-25): a window made and freed, or a graph captured and
+    destroyed, then an op that times out and aborts the communicator with its kernel in flight."""
+    report = scenario(rank, f"timeout_after_a_{first}")
+    if rank == 0:
+        assert re.search(r"allreduce \(seq \d+\)", report["error"] or ""), report
+    assert report["cuda_ok"] is True, report
