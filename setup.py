@@ -76,10 +76,11 @@ class BuildExtensions(BuildExtension):
         super().build_extension(ext)
 
 
-def extension(name: str, sources: list[str]) -> CUDAExtension:
+def extension(name: str, sources: list[str], depends: list[str] = ()) -> CUDAExtension:
     return CUDAExtension(
         name=name,
         sources=sources,
+        depends=list(depends),
         include_dirs=[str(ROOT / "csrc"), nccl_include],
         library_dirs=[nccl_lib],
         # The exact soname torch loads, so both share one NCCL instance.
@@ -97,6 +98,8 @@ sources = sorted(
 )
 testing = [s for s in sources if s.startswith("csrc/testing/")]
 product = [s for s in sources if s not in testing]
+# _testing compiles _C's headers (class layouts, inline code): rebuilt when one changes.
+headers = sorted(glob.glob("csrc/**/*.h", recursive=True))
 
 setup(
     name="torch-nccl-core",
@@ -105,7 +108,7 @@ setup(
     packages=find_packages(include=["torch_nccl_core", "torch_nccl_core.*"]),
     package_data={"torch_nccl_core": ["py.typed", "*.pyi"]},
     python_requires=">=3.10",
-    ext_modules=[extension(PRODUCT, product), extension(TESTING, testing)],
+    ext_modules=[extension(PRODUCT, product), extension(TESTING, testing, depends=headers)],
     cmdclass={"build_ext": BuildExtensions},
     entry_points={
         "torch.distributed.backends": ["nccl_core = torch_nccl_core._registration:register"]

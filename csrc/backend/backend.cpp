@@ -136,21 +136,36 @@ void NcclCoreBackend::initCommunicator(at::Device device) {
       "init",
       "the communicator needs a CUDA device with an index, got ",
       device);
-  setupCommunicator(newCommunicator(
-      "init",
-      getRank(),
-      getSize(),
-      device.index(),
-      *groupName_,
-      [this](const std::shared_ptr<Communicator>& started) {
-        {
-          std::lock_guard<std::mutex> lock(initMutex_);
-          initializing_ = started;
-        }
-        if (failure_->failed()) {
-          started->abort(); // aborted before it could be seen
-        }
-      }));
+  std::shared_ptr<Communicator> comm;
+  try {
+    comm = newCommunicator(
+        "init",
+        getRank(),
+        getSize(),
+        device.index(),
+        *groupName_,
+        [this] { failure_->raiseIfFailed(); }, // abort() during the meeting
+        [this](const std::shared_ptr<Communicator>& started) {
+          {
+            std::lock_guard<std::mutex> lock(initMutex_);
+            initializing_ = started;
+          }
+          if (failure_->failed()) {
+            started->abort(); // aborted before it could be seen
+          }
+        });
+  } catch (const std::exception& e) {
+    // The meeting and NCCL's unique id are spent: a second try under them
+    // could join stale keys. The group fails; a new one meets afresh.
+    failure_->set(
+        c10::str(
+            "the NCCL communicator of group '",
+            *groupName_,
+            "' could not be made: ",
+            e.what()));
+    throw;
+  }
+  setupCommunicator(std::move(comm));
 }
 
 std::shared_ptr<Communicator> NcclCoreBackend::newCommunicator(
@@ -159,11 +174,15 @@ std::shared_ptr<Communicator> NcclCoreBackend::newCommunicator(
     int size,
     int device,
     const std::string& name,
+    const std::function<void()>& beforeNccl,
     const std::function<void(const std::shared_ptr<Communicator>&)>& started) {
   const std::string prefix = storeKey(purpose.c_str());
   const std::string label = c10::str("group '", name, "'");
   const ncclUniqueId id =
       rendezvous(*store_, prefix, rank, size, timeout_.load(), label);
+  if (beforeNccl) {
+    beforeNccl();
+  }
   auto comm = Communicator::create(
       size,
       rank,

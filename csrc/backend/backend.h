@@ -384,14 +384,16 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
       int shrinkFlags) const;
   void initCommunicator(at::Device device);
   // A communicator of `size` ranks, this one `rank`, on `device`, for group
-  // `name`: the ranks meet in the store under `purpose` (rendezvous.h), then
-  // NCCL initializes it; `started` sees it before its initialization ends.
+  // `name`: the ranks meet in the store under `purpose` (rendezvous.h),
+  // `beforeNccl` may still refuse, then NCCL initializes it; `started` sees
+  // it before its initialization ends.
   std::shared_ptr<Communicator> newCommunicator(
       const std::string& purpose,
       int rank,
       int size,
       int device,
       const std::string& name,
+      const std::function<void()>& beforeNccl,
       const std::function<void(const std::shared_ptr<Communicator>&)>& started);
   void setupCommunicator(std::shared_ptr<Communicator> comm);
   at::Device deviceForOpWithoutTensors(const std::vector<int64_t>& deviceIds);
@@ -421,8 +423,9 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   // How many nccl_core backends this rank made on this store before this
   // one, counted in the store: every rank of the group gets the same number.
   const int64_t incarnation_;
-  // Shrinks of this group after it failed (each makes a communicator).
-  int64_t reforms_ = 0;
+  // shrink() calls on this group: each meeting of the ranks that stay gets
+  // keys of its own.
+  int64_t shrinks_ = 0;
 
   std::shared_ptr<FailureState> failure_ = std::make_shared<FailureState>();
   const std::shared_ptr<BackendHooks> hooks_ = std::make_shared<BackendHooks>();

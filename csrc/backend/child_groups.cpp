@@ -7,6 +7,7 @@
 #include <set>
 
 #include "backend/backend.h"
+#include "backend/rendezvous.h"
 #include "nccl/errors.h"
 
 namespace nccl_core {
@@ -131,21 +132,38 @@ c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::shrink(
   std::string name = optsOverride && !optsOverride->group_name.empty()
                          ? optsOverride->group_name
                          : *groupName_ + ":shrunk";
-  if (failure_->failed()) {
-    // The group failed and its communicator was aborted with it; NCCL could
-    // not have shrunk it anyway: after a peer's death, ncclCommShrink's
+  // The ranks that stay agree on how: a rank idle when a peer died may not
+  // have seen the group fail yet.
+  const std::string meeting = c10::str("shrink/", ++shrinks_);
+  const std::vector<std::string> said = meet(
+      *store_,
+      storeKey(meeting.c_str()),
+      getRank(),
+      members,
+      failure_->failed() ? "failed" : "healthy",
+      timeout_.load(),
+      c10::str("group '", *groupName_, "'"));
+  if (std::find(said.begin(), said.end(), "failed") != said.end()) {
+    // The failed group's communicator was aborted with it, and NCCL could not
+    // have shrunk it anyway: after a peer's death, ncclCommShrink's
     // ncclCommEnsureReady hands back the error the parent's proxy recorded,
-    // SHRINK_ABORT or not (NCCL 2.28-2.30, init.cc). The ranks that stay
-    // make a communicator of their own instead, as at init, whatever the
-    // flags.
+    // SHRINK_ABORT or not (NCCL 2.28-2.30, init.cc). The ranks that stay make
+    // a communicator of their own instead, as at init, whatever the flags.
+    // A rank that had not seen it fail ends its ops on the dead peer too.
+    teardown(
+        c10::str(
+            "nccl_core group '",
+            *groupName_,
+            "' was shrunk after a rank of it failed"));
     const int rank = static_cast<int>(
         std::find(members.begin(), members.end(), getRank()) - members.begin());
     auto comm = newCommunicator(
-        c10::str("reform/", ++reforms_),
+        meeting + "/reform",
         rank,
         static_cast<int>(members.size()),
-        comm_ ? comm_->device() : deviceForOpWithoutTensors({}).index(),
+        deviceForOpWithoutTensors({}).index(),
         name,
+        {},
         {});
     return child(
         store_, std::move(comm), std::move(name), optsOverride, members);

@@ -1,22 +1,39 @@
-// How the ranks of a new communicator meet before NCCL's initialization: in
-// the group's store, bounded by the group's timeout. NCCL's bootstrap waits
-// without bound for a rank that never comes, and a blocking communicator
-// cannot be aborted before its handle exists; a rank that never came is
-// named here instead.
+// How the ranks of a group meet in its store before a collective host call
+// that NCCL would not bound: a communicator's initialization (NCCL's
+// bootstrap waits for a rank that never comes for ever, and a blocking
+// communicator cannot be aborted before its handle exists), or the choice
+// of how to shrink. The group's timeout bounds the meeting, and a rank that
+// never came is named.
 #pragma once
 
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include <nccl.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 namespace nccl_core {
 
-// Once each of the `size` ranks has called this with the same `prefix`
-// within `timeout`: the unique id of their communicator (made by rank 0).
-// Otherwise DistBackendError naming the ranks that did not come (`label`
-// names the group).
+// Rank `rank` says `mine` at the meeting `prefix` of `ranks` (the numbers
+// they have in the store's group). Once every one of them has said something
+// within `timeout`: what each said, in `ranks`' order. Otherwise
+// DistBackendError naming those that did not come (`label` names the group).
+// Every rank gets the same outcome, whenever it comes: the first rank to
+// decide (all came, or its timeout passed) records the decision and the
+// others follow it, so a late rank finds the meeting given up rather than
+// going on alone.
+std::vector<std::string> meet(
+    c10d::Store& store,
+    const std::string& prefix,
+    int rank,
+    const std::vector<int>& ranks,
+    const std::string& mine,
+    std::chrono::milliseconds timeout,
+    const std::string& label);
+
+// The meeting of ranks 0 to `size` - 1 before a new communicator; then its
+// unique id, made by rank 0 once the meeting went ahead.
 ncclUniqueId rendezvous(
     c10d::Store& store,
     const std::string& prefix,
@@ -25,8 +42,8 @@ ncclUniqueId rendezvous(
     std::chrono::milliseconds timeout,
     const std::string& label);
 
-// Rank 0, once the communicator exists (every rank read its keys): removes
-// them from the store.
+// Rank 0, once the communicator exists (every rank is past the meeting):
+// removes its keys from the store.
 void leaveRendezvous(c10d::Store& store, const std::string& prefix, int size);
 
 } // namespace nccl_core

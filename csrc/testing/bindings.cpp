@@ -260,6 +260,24 @@ void bindFakeNccl(py::module_& testing) {
       "rendezvous.h's meeting of rank `rank` of `size`: the unique id's "
       "bytes.");
   testing.def(
+      "meet",
+      [](const c10::intrusive_ptr<c10d::Store>& store,
+         const std::string& prefix,
+         int rank,
+         const std::vector<int>& ranks,
+         const std::string& mine,
+         std::chrono::milliseconds timeout) {
+        return meet(*store, prefix, rank, ranks, mine, timeout, "group 'g'");
+      },
+      py::arg("store"),
+      py::arg("prefix"),
+      py::arg("rank"),
+      py::arg("ranks"),
+      py::arg("mine"),
+      py::arg("timeout"),
+      release,
+      "rendezvous.h's meeting: what each of `ranks` said.");
+  testing.def(
       "abort",
       [](Communicator& comm) { comm.abort(); },
       py::arg("comm"),

@@ -78,3 +78,30 @@ def test_a_later_meeting_under_another_prefix_gets_a_new_id(fake):
     assert first[1]["result"] == first[0]["result"], first
     assert second[1]["result"] == second[0]["result"], second
     assert first[0]["result"] != second[0]["result"]
+
+
+def test_a_rank_that_comes_after_the_others_gave_up_raises_too(fake):
+    """Was: it found every other rank's key, took rank 0's id and entered NCCL's bootstrap,
+    whose root waited for ranks that had left: a hang in a blocking initialization."""
+    stores = hash_stores(3)
+    given_up = meet(stores, [0, 1], 3, timeout_s=0.3)
+    assert all(isinstance(o.get("error"), dist.DistBackendError) for o in given_up.values())
+    late = meet(stores, [2], 3, timeout_s=5.0)[2]
+    assert isinstance(late.get("error"), dist.DistBackendError), late
+    assert "came after the other ranks had given up waiting for it" in str(late["error"])
+    assert late["s"] < 2.0, late  # at once, not after its own timeout
+
+
+def test_every_rank_learns_what_each_said(fake):
+    """The shrink's meeting: the ranks that stay (0, 2, 3 of 4) say whether they saw the group
+    fail, and every one of them gets all the answers."""
+    stores = hash_stores(4)
+    said = {0: "healthy", 2: "failed", 3: "healthy"}
+    timeout = timedelta(seconds=5)
+    running = {
+        r: in_thread(lambda r=r: testing.meet(stores[r], "shrink", r, [0, 2, 3], said[r], timeout))
+        for r in said
+    }
+    for r, (thread, outcome) in running.items():
+        thread.join(10.0)
+        assert outcome.get("result") == ["healthy", "failed", "healthy"], (r, outcome)

@@ -10,6 +10,7 @@ those that show what happens when a program does neither.
 
 import functools
 import gc
+import itertools
 import json
 import os
 import random
@@ -28,6 +29,7 @@ import torch_nccl_core
 RANK = int(os.environ["RANK"])
 WORLD = int(os.environ["WORLD_SIZE"])
 DEVICE = torch.device("cuda", RANK % torch.cuda.device_count())  # ranks may share a GPU
+INITS = itertools.count()  # init() calls of this process: a meeting each
 NUMEL = 4 << 20  # 16 MiB of float32: each all_reduce keeps the GPU busy for a while
 
 
@@ -42,7 +44,10 @@ def store() -> dist.TCPStore:
     )
 
 
-def init(job_store, timeout_s: float = 30.0, bind: bool = True) -> None:
+def init(job_store, timeout_s: float = 30.0, bind: bool = True, meet_first: bool = True) -> None:
+    if meet_first:
+        # The processes started seconds apart, and the group's timeout bounds its initialization.
+        meet(job_store, f"init_{next(INITS)}")
     if bind:
         torch.cuda.set_device(DEVICE)
     dist.init_process_group(
@@ -153,16 +158,23 @@ def capture_after_eager(job_store) -> dict:
     return results
 
 
-def teardown_with_live_graph(job_store, how: str) -> dict:
-    """destroy / abort / interpreter exit while a graph that captured the group is alive."""
-    init(job_store)
-    static = torch.full((1024,), 1.0 + RANK, device=DEVICE)
+def all_reduce_graph(static: torch.Tensor) -> torch.cuda.CUDAGraph:
+    """A CUDA graph that captured an all_reduce of `static` over the default group, on a side
+    stream (capture needs one other than the default stream)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
         dist.all_reduce(static)
     torch.cuda.current_stream().wait_stream(side)
+    return graph
+
+
+def teardown_with_live_graph(job_store, how: str) -> dict:
+    """destroy / abort / interpreter exit while a graph that captured the group is alive."""
+    init(job_store)
+    static = torch.full((1024,), 1.0 + RANK, device=DEVICE)
+    graph = all_reduce_graph(static)
     graph.replay()
     torch.cuda.synchronize()
     replayed = bool((static == summed(1.0)).all())
@@ -205,9 +217,10 @@ def reinit_after_failure(job_store) -> dict:
     time.sleep(2.0)  # a stale abort marker would be read by now
     after_failure = probe()
     dist.destroy_process_group()
+    meet(job_store, "before_late_init")
     if RANK == 0:
         time.sleep(3.0)
-    init(job_store, timeout_s=10.0)
+    init(job_store, timeout_s=10.0, meet_first=False)  # rank 0 late, within the timeout
     after_late = probe()
     dist.destroy_process_group()
     return {
@@ -979,10 +992,11 @@ def killed_rank_then_shrink_and_train(job_store) -> dict:
 def rank0_late_at_init(job_store) -> dict:
     """Rank 0 (the store's host) comes to init_process_group 5 s after the others: every rank
     initializes, the first op is right, nothing fails."""
+    meet(job_store, "started")
     if RANK == 0:
         time.sleep(5.0)
     start = time.monotonic()
-    init(job_store, timeout_s=30.0)
+    init(job_store, timeout_s=30.0, meet_first=False)
     report = {"init_s": time.monotonic() - start, "correct": probe()}
     dist.destroy_process_group()
     return report
@@ -1034,13 +1048,8 @@ def use_a_window_first() -> None:
 
 def use_a_graph_first() -> None:
     """A CUDA graph that captured an all_reduce, replayed, then destroyed (the soak's graph op)."""
-    static = torch.ones(255, device=DEVICE)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
-        dist.all_reduce(static)
-    torch.cuda.current_stream().wait_stream(side)
+    static = torch.ones(255, device=DEVICE)  # alive while the graph that uses it is
+    graph = all_reduce_graph(static)
     graph.replay()
     torch.cuda.synchronize(DEVICE)
     del graph
