@@ -135,15 +135,15 @@ c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::shrink(
   // The ranks that stay agree on how: a rank idle when a peer died may not
   // have seen the group fail yet.
   const std::string meeting = c10::str("shrink/", ++shrinks_);
-  const std::vector<std::string> said = meet(
+  const int64_t failed = meet(
       *store_,
       storeKey(meeting.c_str()),
       getRank(),
       members,
-      failure_->failed() ? "failed" : "healthy",
+      failure_->failed() ? 1 : 0,
       timeout_.load(),
       c10::str("group '", *groupName_, "'"));
-  if (std::find(said.begin(), said.end(), "failed") != said.end()) {
+  if (failed > 0) {
     // The failed group's communicator was aborted with it, and NCCL could not
     // have shrunk it anyway: after a peer's death, ncclCommShrink's
     // ncclCommEnsureReady hands back the error the parent's proxy recorded,

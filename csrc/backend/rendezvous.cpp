@@ -21,8 +21,16 @@ constexpr std::chrono::milliseconds kPollInterval{10};
 const std::string kGo = "go";
 const std::string kGivenUp = "given up";
 
-std::string saidKey(const std::string& prefix, int rank) {
-  return c10::str(prefix, "/said/", rank);
+std::string arrivedKey(const std::string& prefix, int rank) {
+  return c10::str(prefix, "/arrived/", rank);
+}
+
+std::string arrivalsKey(const std::string& prefix) {
+  return prefix + "/arrivals";
+}
+
+std::string tallyKey(const std::string& prefix) {
+  return prefix + "/tally";
 }
 
 std::string decisionKey(const std::string& prefix) {
@@ -32,42 +40,33 @@ std::string decisionKey(const std::string& prefix) {
 std::string idKey(const std::string& prefix) {
   return prefix + "/unique_id";
 }
-
-std::vector<uint8_t> bytesOf(const std::string& text) {
-  return {text.begin(), text.end()};
-}
-
-std::string textOf(const std::vector<uint8_t>& bytes) {
-  return {bytes.begin(), bytes.end()};
-}
 } // namespace
 
-std::vector<std::string> meet(
+int64_t meet(
     c10d::Store& store,
     const std::string& prefix,
     int rank,
     const std::vector<int>& ranks,
-    const std::string& mine,
+    int64_t count,
     std::chrono::milliseconds timeout,
     const std::string& label) {
-  store.set(saidKey(prefix, rank), bytesOf(mine));
-  std::vector<std::string> keys;
-  for (int r : ranks) {
-    keys.push_back(saidKey(prefix, r));
-  }
+  store.set(arrivedKey(prefix, rank), std::vector<uint8_t>{1}); // names it
+  store.add(tallyKey(prefix), count);
+  const auto size = static_cast<int64_t>(ranks.size());
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  bool everyone = store.check(keys);
+  bool everyone = store.add(arrivalsKey(prefix), 1) >= size;
   while (!everyone && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(kPollInterval);
-    everyone = store.check(keys);
+    everyone = store.add(arrivalsKey(prefix), 0) >= size;
   }
-  const std::string decision = textOf(store.compareSet(
-      decisionKey(prefix), {}, bytesOf(everyone ? kGo : kGivenUp)));
-  if (decision != kGo) {
+  const std::vector<uint8_t> go(kGo.begin(), kGo.end());
+  const std::vector<uint8_t> givenUp(kGivenUp.begin(), kGivenUp.end());
+  if (store.compareSet(decisionKey(prefix), {}, everyone ? go : givenUp) !=
+      go) {
     std::vector<int> missing;
-    for (size_t i = 0; i < ranks.size(); ++i) {
-      if (!store.check({keys[i]})) {
-        missing.push_back(ranks[i]);
+    for (int r : ranks) {
+      if (!store.check({arrivedKey(prefix, r)})) {
+        missing.push_back(r);
       }
     }
     C10_THROW_ERROR(
@@ -93,11 +92,7 @@ std::vector<std::string> meet(
                   rank,
                   " waited for them"));
   }
-  std::vector<std::string> said;
-  for (const auto& key : keys) {
-    said.push_back(textOf(store.get(key)));
-  }
-  return said;
+  return store.add(tallyKey(prefix), 0);
 }
 
 ncclUniqueId rendezvous(
@@ -109,7 +104,7 @@ ncclUniqueId rendezvous(
     const std::string& label) {
   std::vector<int> ranks(size);
   std::iota(ranks.begin(), ranks.end(), 0);
-  meet(store, prefix, rank, ranks, "", timeout, label);
+  meet(store, prefix, rank, ranks, 0, timeout, label);
   ncclUniqueId id;
   if (rank == 0) { // only now: an id made for a meeting given up would leave
                    // NCCL's bootstrap root waiting on rank 0
@@ -127,10 +122,15 @@ ncclUniqueId rendezvous(
 
 void leaveRendezvous(c10d::Store& store, const std::string& prefix, int size) {
   try {
-    store.deleteKey(idKey(prefix));
-    store.deleteKey(decisionKey(prefix));
+    for (const std::string& key :
+         {idKey(prefix),
+          decisionKey(prefix),
+          arrivalsKey(prefix),
+          tallyKey(prefix)}) {
+      store.deleteKey(key);
+    }
     for (int r = 0; r < size; ++r) {
-      store.deleteKey(saidKey(prefix, r));
+      store.deleteKey(arrivedKey(prefix, r));
     }
   } catch (const std::exception& e) {
     LOG(INFO) << "[nccl_core] could not delete the keys of " << prefix << ": "

@@ -15,20 +15,20 @@
 
 namespace nccl_core {
 
-// Rank `rank` says `mine` at the meeting `prefix` of `ranks` (the numbers
-// they have in the store's group). Once every one of them has said something
-// within `timeout`: what each said, in `ranks`' order. Otherwise
-// DistBackendError naming those that did not come (`label` names the group).
-// Every rank gets the same outcome, whenever it comes: the first rank to
-// decide (all came, or its timeout passed) records the decision and the
-// others follow it, so a late rank finds the meeting given up rather than
-// going on alone.
-std::vector<std::string> meet(
+// Rank `rank` comes to the meeting `prefix` of `ranks` (their numbers in the
+// store's group) and adds `count` to its tally. Once every one of them has
+// come within `timeout`: the tally. Otherwise DistBackendError naming those
+// that did not come (`label` names the group). Every rank gets the same
+// outcome, whenever it comes: the first rank to decide (all came, or its
+// timeout passed) records the decision and the others follow it, so a late
+// rank finds the meeting given up rather than going on alone. Each rank
+// makes O(1) store calls per poll, whatever the group's size.
+int64_t meet(
     c10d::Store& store,
     const std::string& prefix,
     int rank,
     const std::vector<int>& ranks,
-    const std::string& mine,
+    int64_t count,
     std::chrono::milliseconds timeout,
     const std::string& label);
 

@@ -265,18 +265,18 @@ void bindFakeNccl(py::module_& testing) {
          const std::string& prefix,
          int rank,
          const std::vector<int>& ranks,
-         const std::string& mine,
+         int64_t count,
          std::chrono::milliseconds timeout) {
-        return meet(*store, prefix, rank, ranks, mine, timeout, "group 'g'");
+        return meet(*store, prefix, rank, ranks, count, timeout, "group 'g'");
       },
       py::arg("store"),
       py::arg("prefix"),
       py::arg("rank"),
       py::arg("ranks"),
-      py::arg("mine"),
+      py::arg("count"),
       py::arg("timeout"),
       release,
-      "rendezvous.h's meeting: what each of `ranks` said.");
+      "rendezvous.h's meeting of `ranks`: its tally.");
   testing.def(
       "abort",
       [](Communicator& comm) { comm.abort(); },
