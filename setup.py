@@ -98,7 +98,8 @@ sources = sorted(
 )
 testing = [s for s in sources if s.startswith("csrc/testing/")]
 product = [s for s in sources if s not in testing]
-# _testing compiles _C's headers (class layouts, inline code): rebuilt when one changes.
+# Both compile the headers (_testing, _C's class layouts and inline code): rebuilt when one
+# changes, which setuptools' own up-to-date check (sources only) would miss.
 headers = sorted(glob.glob("csrc/**/*.h", recursive=True))
 
 setup(
@@ -108,7 +109,10 @@ setup(
     packages=find_packages(include=["torch_nccl_core", "torch_nccl_core.*"]),
     package_data={"torch_nccl_core": ["py.typed", "*.pyi"]},
     python_requires=">=3.10",
-    ext_modules=[extension(PRODUCT, product), extension(TESTING, testing, depends=headers)],
+    ext_modules=[
+        extension(PRODUCT, product, depends=headers),
+        extension(TESTING, testing, depends=headers),
+    ],
     cmdclass={"build_ext": BuildExtensions},
     entry_points={
         "torch.distributed.backends": ["nccl_core = torch_nccl_core._registration:register"]

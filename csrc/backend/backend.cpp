@@ -144,7 +144,7 @@ void NcclCoreBackend::initCommunicator(at::Device device) {
         getSize(),
         device.index(),
         *groupName_,
-        [this] { failure_->raiseIfFailed(); }, // abort() during the meeting
+        [this] { return failure_->failed(); }, // abort() during the meeting
         [this](const std::shared_ptr<Communicator>& started) {
           {
             std::lock_guard<std::mutex> lock(initMutex_);
@@ -174,15 +174,14 @@ std::shared_ptr<Communicator> NcclCoreBackend::newCommunicator(
     int size,
     int device,
     const std::string& name,
-    const std::function<void()>& beforeNccl,
+    const std::function<bool()>& abandon,
     const std::function<void(const std::shared_ptr<Communicator>&)>& started) {
   const std::string prefix = storeKey(purpose.c_str());
   const std::string label = c10::str("group '", name, "'");
+  // Once the meeting went ahead every rank enters NCCL's initialization, an
+  // aborted one too: `started` then aborts it, and the others finish theirs.
   const ncclUniqueId id =
-      rendezvous(*store_, prefix, rank, size, timeout_.load(), label);
-  if (beforeNccl) {
-    beforeNccl();
-  }
+      rendezvous(*store_, prefix, rank, size, timeout_.load(), label, abandon);
   auto comm = Communicator::create(
       size,
       rank,

@@ -384,16 +384,16 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
       int shrinkFlags) const;
   void initCommunicator(at::Device device);
   // A communicator of `size` ranks, this one `rank`, on `device`, for group
-  // `name`: the ranks meet in the store under `purpose` (rendezvous.h),
-  // `beforeNccl` may still refuse, then NCCL initializes it; `started` sees
-  // it before its initialization ends.
+  // `name`: the ranks meet in the store under `purpose` (rendezvous.h; this
+  // rank gives the meeting up once `abandon` holds), then NCCL initializes it;
+  // `started` sees it before its initialization ends.
   std::shared_ptr<Communicator> newCommunicator(
       const std::string& purpose,
       int rank,
       int size,
       int device,
       const std::string& name,
-      const std::function<void()>& beforeNccl,
+      const std::function<bool()>& abandon,
       const std::function<void(const std::shared_ptr<Communicator>&)>& started);
   void setupCommunicator(std::shared_ptr<Communicator> comm);
   at::Device deviceForOpWithoutTensors(const std::vector<int64_t>& deviceIds);

@@ -49,14 +49,22 @@ int64_t meet(
     const std::vector<int>& ranks,
     int64_t count,
     std::chrono::milliseconds timeout,
-    const std::string& label) {
+    const std::string& label,
+    const std::function<bool()>& abandon) {
   store.set(arrivedKey(prefix, rank), std::vector<uint8_t>{1}); // names it
   store.add(tallyKey(prefix), count);
   const auto size = static_cast<int64_t>(ranks.size());
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   bool everyone = store.add(arrivalsKey(prefix), 1) >= size;
+  bool abandoned = false;
+  bool decidedElsewhere = false;
   while (!everyone && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(kPollInterval);
+    abandoned = abandon && abandon();
+    decidedElsewhere = !abandoned && store.check({decisionKey(prefix)});
+    if (abandoned || decidedElsewhere) {
+      break;
+    }
     everyone = store.add(arrivalsKey(prefix), 0) >= size;
   }
   const std::vector<uint8_t> go(kGo.begin(), kGo.end());
@@ -69,28 +77,47 @@ int64_t meet(
         missing.push_back(r);
       }
     }
-    C10_THROW_ERROR(
-        DistBackendError,
-        missing.empty()
-            ? c10::str(
-                  "nccl_core: rank ",
-                  rank,
-                  " of ",
-                  label,
-                  " came after the other ranks had given up waiting for it "
-                  "(the group's timeout, ",
-                  timeout.count(),
-                  " ms)")
-            : c10::str(
-                  "nccl_core: rank(s) ",
-                  c10::Join(", ", missing),
-                  " of ",
-                  label,
-                  " did not come within the group's timeout (",
-                  timeout.count(),
-                  " ms); rank ",
-                  rank,
-                  " waited for them"));
+    const std::string ranksMissing = c10::Join(", ", missing);
+    std::string why;
+    if (abandoned) {
+      why = c10::str(
+          "rank ",
+          rank,
+          " of ",
+          label,
+          " gave up waiting for rank(s) ",
+          ranksMissing,
+          ": the group was aborted");
+    } else if (missing.empty()) {
+      why = c10::str(
+          "rank ",
+          rank,
+          " of ",
+          label,
+          " came after the other ranks had given up waiting for it (the "
+          "group's timeout, ",
+          timeout.count(),
+          " ms)");
+    } else {
+      why = c10::str(
+          "rank(s) ",
+          ranksMissing,
+          " of ",
+          label,
+          decidedElsewhere
+              ? c10::str(
+                    " did not come, and another rank gave the meeting up (the "
+                    "group's timeout is ",
+                    timeout.count(),
+                    " ms)")
+              : c10::str(
+                    " did not come within the group's timeout (",
+                    timeout.count(),
+                    " ms); rank ",
+                    rank,
+                    " waited for them"));
+    }
+    C10_THROW_ERROR(DistBackendError, "nccl_core: " + why);
   }
   return store.add(tallyKey(prefix), 0);
 }
@@ -101,10 +128,11 @@ ncclUniqueId rendezvous(
     int rank,
     int size,
     std::chrono::milliseconds timeout,
-    const std::string& label) {
+    const std::string& label,
+    const std::function<bool()>& abandon) {
   std::vector<int> ranks(size);
   std::iota(ranks.begin(), ranks.end(), 0);
-  meet(store, prefix, rank, ranks, 0, timeout, label);
+  meet(store, prefix, rank, ranks, 0, timeout, label, abandon);
   ncclUniqueId id;
   if (rank == 0) { // only now: an id made for a meeting given up would leave
                    // NCCL's bootstrap root waiting on rank 0

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -21,8 +22,10 @@ namespace nccl_core {
 // that did not come (`label` names the group). Every rank gets the same
 // outcome, whenever it comes: the first rank to decide (all came, or its
 // timeout passed) records the decision and the others follow it, so a late
-// rank finds the meeting given up rather than going on alone. Each rank
-// makes O(1) store calls per poll, whatever the group's size.
+// rank finds the meeting given up rather than going on alone. A rank whose
+// `abandon` turns true while it waits (its group was aborted) gives the
+// meeting up for every rank, unless it was decided already. Each rank makes
+// O(1) store calls per poll, whatever the group's size.
 int64_t meet(
     c10d::Store& store,
     const std::string& prefix,
@@ -30,7 +33,8 @@ int64_t meet(
     const std::vector<int>& ranks,
     int64_t count,
     std::chrono::milliseconds timeout,
-    const std::string& label);
+    const std::string& label,
+    const std::function<bool()>& abandon = {});
 
 // The meeting of ranks 0 to `size` - 1 before a new communicator; then its
 // unique id, made by rank 0 once the meeting went ahead.
@@ -40,7 +44,8 @@ ncclUniqueId rendezvous(
     int rank,
     int size,
     std::chrono::milliseconds timeout,
-    const std::string& label);
+    const std::string& label,
+    const std::function<bool()>& abandon = {});
 
 // Rank 0, once the communicator exists (every rank is past the meeting):
 // removes its keys from the store.

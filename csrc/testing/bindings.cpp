@@ -246,9 +246,10 @@ void bindFakeNccl(py::module_& testing) {
          const std::string& prefix,
          int rank,
          int size,
-         std::chrono::milliseconds timeout) {
-        const ncclUniqueId id =
-            rendezvous(*store, prefix, rank, size, timeout, "group 'g'");
+         std::chrono::milliseconds timeout,
+         const std::function<bool()>& abandon) {
+        const ncclUniqueId id = rendezvous(
+            *store, prefix, rank, size, timeout, "group 'g'", abandon);
         return std::vector<uint8_t>(id.internal, id.internal + sizeof(id));
       },
       py::arg("store"),
@@ -256,6 +257,7 @@ void bindFakeNccl(py::module_& testing) {
       py::arg("rank"),
       py::arg("size"),
       py::arg("timeout"),
+      py::arg("abandon") = std::function<bool()>(),
       release,
       "rendezvous.h's meeting of rank `rank` of `size`: the unique id's "
       "bytes.");
