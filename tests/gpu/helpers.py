@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import os
 import re
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -359,21 +361,55 @@ def run_child_world(
     dist.broadcast(port, src=0)
     child = None
     if rank < world:
-        command = [sys.executable, str(script), *args]
         env = _child_world_env(rank, world, int(port.item()))
-        try:
-            child = subprocess.run(
-                command, env=env, capture_output=True, text=True, timeout=timeout_s
-            )
-        except subprocess.TimeoutExpired as expired:
-            child = subprocess.CompletedProcess(
-                command, -9, _text(expired.stdout), _text(expired.stderr) + "\n[killed: timed out]"
-            )
+        child = _run_with_stacks_on_timeout([str(script), *args], env, timeout_s)
     dist.barrier()
     return child
 
 
-def _text(output: bytes | str | None) -> str:
-    if isinstance(output, bytes):
-        return output.decode(errors="replace")
-    return output or ""
+# Runs a script as `python script args` would, with every thread's Python stack dumped on SIGUSR1.
+_WITH_STACKS = (
+    "import faulthandler, os, runpy, signal, sys; "
+    "faulthandler.register(signal.SIGUSR1, all_threads=True); "
+    "sys.argv = sys.argv[1:]; sys.path.insert(0, os.path.dirname(sys.argv[0])); "
+    "runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+
+
+def _run_with_stacks_on_timeout(
+    argv: list[str], env: dict[str, str], timeout_s: float
+) -> subprocess.CompletedProcess:
+    """Runs `python argv...`; one still running after `timeout_s` is reported as rc -9, with
+    its threads' Python stacks (and native ones, where gdb is there) in its stderr."""
+    command = [sys.executable, "-c", _WITH_STACKS, *argv]
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        out, err = process.communicate(timeout=timeout_s)
+        return subprocess.CompletedProcess(command, process.returncode, out, err)
+    except subprocess.TimeoutExpired:
+        pass
+    process.send_signal(signal.SIGUSR1)
+    time.sleep(1.0)  # the dump, before gdb stops the process
+    native = _native_stacks(process.pid)
+    process.kill()
+    out, err = process.communicate()
+    return subprocess.CompletedProcess(command, -9, out, f"{native}\n{err}\n[killed: timed out]")
+
+
+def _native_stacks(pid: int) -> str:
+    """Every thread's native stack of process `pid`, where gdb is installed."""
+    if shutil.which("gdb") is None:
+        return "(no gdb: native stacks not taken)"
+    try:
+        done = subprocess.run(
+            ["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 12"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired:
+        return "(gdb timed out)"
+    frames = [ln[:160] for ln in done.stdout.splitlines() if ln.startswith(("#", "Thread"))]
+    return "native stacks:\n" + "\n".join(frames)

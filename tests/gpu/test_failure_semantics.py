@@ -36,7 +36,7 @@ def scenario(rank: int, name: str, timeout_s: float = 90.0, world: int = 2) -> d
     if child is None:
         pytest.skip(f"a {world}-rank scenario: it ran on ranks 0 to {world - 1}")
     assert child.returncode == 0, (
-        f"{name}: rc {child.returncode}\n{child.stdout[-2000:]}\n{child.stderr[-4000:]}"
+        f"{name}: rc {child.returncode}\n{child.stdout[-2000:]}\n{child.stderr[-12000:]}"
     )
     return json.loads(child.stdout.strip().splitlines()[-1])
 
@@ -267,7 +267,7 @@ def survivor_of_a_kill(rank: int, name: str, world: int) -> dict | None:
         assert child.returncode == -9, (child.returncode, child.stderr[-3000:])
         assert "[killed: timed out]" not in child.stderr
         return None
-    assert child.returncode == 0, (child.returncode, child.stdout[-2000:], child.stderr[-4000:])
+    assert child.returncode == 0, (child.returncode, child.stdout[-2000:], child.stderr[-12000:])
     report = json.loads(child.stdout.strip().splitlines()[-1])
     error = report["error"] or ""
     assert re.search(r"nccl_core (synchronous )?allreduce \(seq \d+\) on group '0'", error), report
@@ -283,7 +283,7 @@ def test_a_clean_teardown_logs_nothing_whichever_rank_goes_first(rank, first):
     child = run_child_world(rank, SCRIPT, [f"clean_teardown_rank{first}_first"], 90.0, world=2)
     if child is None:
         pytest.skip("a two-rank scenario: it ran on ranks 0 and 1")
-    assert child.returncode == 0, (child.returncode, child.stdout[-2000:], child.stderr[-4000:])
+    assert child.returncode == 0, (child.returncode, child.stdout[-2000:], child.stderr[-12000:])
     assert json.loads(child.stdout.strip().splitlines()[-1])["correct"]
     logged = [line for line in child.stderr.splitlines() if "nccl_core" in line]
     assert not logged, logged
