@@ -12,13 +12,13 @@
 #include <numeric>
 #include <thread>
 
-#include "backend/arguments.h"
-#include "backend/flight_recorder.h"
 #include "backend/launch.h"
-#include "backend/nan_check.h"
-#include "backend/op_profile.h"
-#include "backend/op_timing.h"
-#include "backend/rendezvous.h"
+#include "backend/ops/arguments.h"
+#include "backend/ops/nan_check.h"
+#include "backend/runtime/flight_recorder.h"
+#include "backend/runtime/op_profile.h"
+#include "backend/runtime/op_timing.h"
+#include "backend/runtime/rendezvous.h"
 #include "nccl/api.h"
 #include "nccl/errors.h"
 
@@ -212,13 +212,7 @@ void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
   // Read under the lock that setTimeout takes: neither misses a new timeout.
   std::lock_guard<std::mutex> timeoutLock(timeoutMutex_);
   routes_ = CommRoutes::attach(
-      comm_,
-      events_,
-      autoRegister_,
-      options_->copyEngineReduceScatter,
-      options_->oneShotAllReduce.value_or(
-          c10::utils::check_env("TORCH_NCCL_CORE_ONE_SHOT_ALL_REDUCE")
-              .value_or(false)));
+      comm_, autoRegister_, makeEngines(*comm_, *events_, *options_));
   routes_->setTimeout(timeout_.load());
   watchdog_ = std::make_unique<Watchdog>(
       comm_,
@@ -234,25 +228,14 @@ void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
   oneSidedLink_ = std::make_unique<OneSidedLink>(*comm_, *this);
 }
 
-namespace {
-// "nccl_core wait_signal (seq 5, peer 1) on group 'g'"; "(peer 1)" without a
-// sequence number.
-std::string oneSidedLabel(
-    const char* name,
-    const SyncOpDetail& detail,
-    std::optional<uint64_t> seq,
-    const std::string& group) {
-  const std::string peers = describePeers(detail); // ", peer 1"
-  return c10::str(
-      "nccl_core ",
-      name,
-      " (",
-      seq ? c10::str("seq ", *seq, peers) : peers.substr(peers.empty() ? 0 : 2),
-      ") on group '",
-      group,
-      "'");
+void NcclCoreBackend::refuseInsideCoalescing(const char* op) {
+  const EndCoalescingOnError endOnError(*this);
+  NCCL_CORE_CHECK_STATE(
+      !coalescing_,
+      op,
+      "one-sided operations cannot run inside a coalescing block "
+      "(batch_isend_irecv, _coalescing_manager); issue them after it");
 }
-} // namespace
 
 void NcclCoreBackend::runOneSided(
     const char* name,
@@ -260,46 +243,33 @@ void NcclCoreBackend::runOneSided(
     bool waits,
     cudaStream_t stream,
     c10::function_ref<void()> enqueue) {
+  refuseInsideCoalescing(name);
   SyncOpDetail detail;
   for (int peer : peers) {
     detail.addPeer(peer);
   }
   detail.waitsOnPeers = waits;
-  if (C10_UNLIKELY(failure_->failed())) {
-    C10_THROW_ERROR(
-        DistBackendError,
-        c10::str(
-            oneSidedLabel(name, detail, std::nullopt, *groupName_),
-            ": ",
-            failure_->message()));
-  }
-  const uint64_t seq = ++seq_;
-  const OpProfile profile(
-      OpInfo{c10d::OpType::UNKNOWN, name, seq},
-      *groupName_,
-      getRank(),
-      getSize(),
+  LaunchOptions options;
+  options.oneSided = &detail;
+  options.sendsData = false; // its tensors are the caller's to check
+  const at::Device device(
+      at::kCUDA, static_cast<c10::DeviceIndex>(comm_->device()));
+  // A synchronous op runs on the current stream: make it the caller's.
+  const c10::cuda::CUDAStreamGuard onStream(
+      c10::cuda::getStreamFromExternal(stream, device.index()));
+  launch(
+      c10d::OpType::UNKNOWN,
+      name,
+      device,
+      /*asyncOp=*/false,
+      c10d::kUnsetTimeout,
       {},
-      {});
-  const bool capturing = isCapturing(stream);
-  if (!capturing) {
-    // Not under capture: freeing NCCL memory there would invalidate it.
-    watchdog_->reapRetired();
-  }
-  try {
-    enqueue();
-  } catch (const c10::DistBackendError& e) {
-    // Aborted under the op: the group's failure says why.
-    C10_THROW_ERROR(
-        DistBackendError,
-        c10::str(
-            oneSidedLabel(name, detail, seq, *groupName_),
-            ": ",
-            failure_->failed() ? failure_->message() : e.msg()));
-  }
-  if (!capturing) {
-    watchdog_->noteSyncOp(stream, name, seq, &detail);
-  }
+      {},
+      [&](ncclComm_t, cudaStream_t) {
+        enqueue();
+        return ncclSuccess;
+      },
+      options);
 }
 
 at::Device NcclCoreBackend::deviceForOpWithoutTensors(

@@ -17,17 +17,17 @@
 #include <optional>
 #include <string>
 
-#include "backend/comm_routes.h"
-#include "backend/ephemeral_timeouts.h"
-#include "backend/event_pool.h"
-#include "backend/failure.h"
-#include "backend/hooks.h"
 #include "backend/options.h"
-#include "backend/sync_ops.h"
-#include "backend/watchdog.h"
-#include "backend/work.h"
+#include "backend/routing/comm_routes.h"
+#include "backend/runtime/ephemeral_timeouts.h"
+#include "backend/runtime/event_pool.h"
+#include "backend/runtime/failure.h"
+#include "backend/runtime/hooks.h"
+#include "backend/runtime/sync_ops.h"
+#include "backend/runtime/watchdog.h"
+#include "backend/runtime/work.h"
 #include "nccl/communicator.h"
-#include "nccl/onesided.h"
+#include "nccl/one_sided.h"
 
 namespace nccl_core {
 
@@ -47,7 +47,7 @@ using EnqueueFn = c10::function_ref<ncclResult_t(ncclComm_t, cudaStream_t)>;
 struct LaunchOptions {
   bool blocksHost = false; // wait() blocks the host (barrier)
   // A collective NCCL may give symmetric kernels: routing may move it to the
-  // window-free twin (backend/routing.h). Not for ops bound to one
+  // window-free twin (backend/routing/policy.h). Not for ops bound to one
   // communicator (custom reduce ops).
   bool routable = false;
   int peer = -1; // send and recv: the other rank, for the flight recorder
@@ -58,10 +58,9 @@ struct LaunchOptions {
   // A one-sided op (torch's Window API): its peers, and whether it waits for
   // them, as the watchdog reports and treats it (SyncOpDetail).
   const SyncOpDetail* oneSided = nullptr;
-  // A reduce-scatter the copy engine may run in NCCL's place (CommRoutes).
-  const ReduceScatterCall* copyEngine = nullptr;
-  // An all-reduce the one-shot kernel may run in NCCL's place (CommRoutes).
-  const AllReduceCall* oneShot = nullptr;
+  // Its reduction, where it is a built-in one: one of the backend's engines
+  // may then run the op in NCCL's place (backend/engines/engine.h).
+  std::optional<c10d::ReduceOp::RedOpType> reduction;
 
   static LaunchOptions withPeer(int peer) {
     LaunchOptions options;
@@ -73,11 +72,33 @@ struct LaunchOptions {
     options.routable = routable;
     return options;
   }
+  // A reduction by `op`, which NCCL has `builtin` (no custom op): routable,
+  // and one for the backend's engines.
+  static LaunchOptions reducing(const c10d::ReduceOp& op, bool builtin) {
+    LaunchOptions options = routed(builtin);
+    if (builtin) {
+      options.reduction = op.op_;
+    }
+    return options;
+  }
   static LaunchOptions blockingHost() {
     LaunchOptions options;
     options.blocksHost = true;
     return options;
   }
+};
+
+// What launch() settled before running an op: where it runs (and what to
+// register first), its number, timeout and the caller's stream.
+struct OpPlan {
+  OpInfo info;
+  Route route;
+  at::Device device;
+  std::chrono::milliseconds timeout;
+  c10::cuda::CUDAStream current;
+  bool capturing;
+  const SyncOpDetail* oneSided;               // LaunchOptions::oneSided
+  std::optional<size_t> trace = std::nullopt; // its flight recorder entry
 };
 
 class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
@@ -208,7 +229,7 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   void setTimeout(std::chrono::milliseconds timeout) override;
 #if NCCL_CORE_HAS_EPHEMERAL_TIMEOUTS
   // Lengthens the timeout of the ops issued until the next one finished
-  // (backend/ephemeral_timeouts.h); torch.compile's cache hits call it.
+  // (backend/runtime/ephemeral_timeouts.h); torch.compile's cache hits call it.
   void addEphemeralTimeout(const std::chrono::milliseconds& timeout) override {
     ephemeral_->add(timeout, seq_ + 1);
   }
@@ -238,7 +259,7 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
 #endif
 #ifdef C10D_BACKEND_HAS_WINDOW
   // torch's one-sided API (torch.distributed._new_window) over this group's
-  // windows (backend/windows.h); `tensor`, if given, is registered with the
+  // windows (backend/ops/windows.h); `tensor`, if given, is registered with the
   // new window, collectively.
   bool supportsWindow() const override {
     return true;
@@ -262,11 +283,10 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   // window: for tests of routing.
   std::shared_ptr<Communicator> windowFreeTwin();
 
-  // A one-sided op on the group's communicator (nccl/onesided.h), from the
-  // thread that runs the group's ops: numbered like them, refused once the
-  // group failed, and, outside stream capture, timed by the watchdog like a
-  // synchronous op. Its DistBackendErrors name it, its peers, its sequence
-  // number and the group.
+  // A one-sided op on the group's communicator (nccl/one_sided.h), run on
+  // `stream` as a synchronous op of the group through launch(): numbered,
+  // refused once the group failed, timed by the watchdog outside stream
+  // capture, its errors naming it, its peers, its number and the group.
   void runOneSided(
       const char* name,
       c10::ArrayRef<int> peers,
@@ -277,15 +297,16 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
  private:
   friend class EndCoalescingOnError;
 
+  // One-sided operations do not coalesce (NCCL would defer them to the
+  // block's ncclGroupEnd, while the load/store engine runs at once):
+  // RuntimeError naming `op` inside a block, which then ends.
+  void refuseInsideCoalescing(const char* op);
+
 #ifdef C10D_BACKEND_HAS_WINDOW
   friend class TorchWindow;
-  // Window operations do not coalesce (NCCL would defer them to the block's
-  // ncclGroupEnd, while the load/store engine runs at once): RuntimeError
-  // naming `op` inside a block, which then ends.
-  void refuseInsideCoalescing(const char* op);
-  // One op of a torch Window toward `peer` on `device` (backend/windows.cpp):
-  // `enqueue` puts it on the stream given, through launch(), so it is
-  // numbered, profiled and timed like the group's other ops.
+  // One op of a torch Window toward `peer` on `device`
+  // (backend/ops/windows.cpp): `enqueue` puts it on the stream given, through
+  // launch(), so it is numbered, profiled and timed like the group's other ops.
   c10::intrusive_ptr<c10d::Work> runWindowOp(
       const char* name,
       int peer,
@@ -311,18 +332,6 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
       std::vector<at::Tensor> inputs,
       EnqueueFn enqueue,
       LaunchOptions launchOptions = {});
-  // What launch() settled before running the op: where it runs (and what to
-  // register first), its number, timeout and the caller's stream.
-  struct OpPlan {
-    OpInfo info;
-    Route route;
-    at::Device device;
-    std::chrono::milliseconds timeout;
-    c10::cuda::CUDAStream current;
-    bool capturing;
-    const SyncOpDetail* oneSided;               // LaunchOptions::oneSided
-    std::optional<size_t> trace = std::nullopt; // its flight recorder entry
-  };
   // Routes the op (one look at its tensors) and numbers it.
   OpPlan prepare(
       c10d::OpType type,
@@ -451,7 +460,7 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   const bool autoRegister_;
   // TORCH_NCCL_ENABLE_TIMING, or enableCollectivesTiming(): time every op.
   std::atomic<bool> timing_;
-  // TORCH_NCCL_NAN_CHECK: refuse ops that send NaN (backend/nan_check.h).
+  // TORCH_NCCL_NAN_CHECK: refuse ops that send NaN (backend/ops/nan_check.h).
   const bool nanCheck_;
   std::unique_ptr<at::cuda::MemPool> memPool_; // for allocateTensor
   // The twin, the copy engine and automatic registration; made with the

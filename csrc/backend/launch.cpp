@@ -1,15 +1,16 @@
-// NcclCoreBackend::launch: the skeleton every op runs through. prepare()
-// settles where it runs (CommRoutes: the communicator, its twin or the copy
-// engine), its number and timeout; beforeEnqueue() registers the NCCL memory
-// routing found unregistered; runSync, runAsync and runCoalesced run it.
+// NcclCoreBackend::launch: the skeleton every op runs through, one-sided ones
+// included. prepare() settles where it runs (CommRoutes: the communicator,
+// its twin or an engine), its number and timeout; beforeEnqueue() registers
+// the NCCL memory routing found unregistered; runSync, runAsync and
+// runCoalesced run it.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include "backend/flight_recorder.h"
 #include "backend/launch.h"
-#include "backend/nan_check.h"
-#include "backend/op_profile.h"
-#include "backend/op_timing.h"
+#include "backend/ops/nan_check.h"
+#include "backend/runtime/flight_recorder.h"
+#include "backend/runtime/op_profile.h"
+#include "backend/runtime/op_timing.h"
 #include "nccl/api.h"
 #include "nccl/errors.h"
 #include "nccl/stream_ordered_free.h"
@@ -18,25 +19,47 @@ namespace nccl_core {
 
 namespace {
 
+// An op as its errors name it: "nccl_core put_signal (seq 5, peer 1) on
+// group 'g'"; without a number where it has none yet.
+std::string opLabel(
+    const char* name,
+    std::optional<uint64_t> seq,
+    const SyncOpDetail* oneSided,
+    const std::string& group) {
+  const std::string peers =
+      oneSided ? describePeers(*oneSided) : ""; // ", peer 1"
+  std::string numbered =
+      seq ? c10::str("seq ", *seq, peers) : peers.substr(peers.empty() ? 0 : 2);
+  return c10::str(
+      "nccl_core ",
+      name,
+      numbered.empty() ? "" : c10::str(" (", numbered, ")"),
+      " on group '",
+      group,
+      "'");
+}
+
 // Runs an op's NCCL calls on the route's communicator, inside its abort
-// fence, or the copy engine's in their place; a failure raises
-// DistBackendError naming the op, its sequence number and its group.
+// fence, or an engine's in their place; a failure raises DistBackendError
+// naming the op, its sequence number and its group, and the group's failure
+// where the op failed because the group did.
 void enqueueChecked(
-    const Route& route,
-    const OpInfo& info,
+    const OpPlan& plan,
     const std::string& group,
+    const FailureState& failure,
     EnqueueFn enqueue,
     const c10::cuda::CUDAStream& stream,
     OpTiming* timing = nullptr) {
   try {
-    const Communicator::Use use = route.comm.use();
+    const Communicator::Use use = plan.route.comm.use();
     if (timing) {
       timing->start.record(stream);
     }
-    if (route.engine) {
-      route.engine(stream.stream());
+    if (plan.route.engine) {
+      plan.route.engine(stream.stream());
     } else {
-      route.comm.check(enqueue(use.handle(), stream.stream()), info.name);
+      plan.route.comm.check(
+          enqueue(use.handle(), stream.stream()), plan.info.name);
     }
     if (timing) {
       timing->end.record(stream);
@@ -45,14 +68,9 @@ void enqueueChecked(
     C10_THROW_ERROR(
         DistBackendError,
         c10::str(
-            "nccl_core ",
-            info.name,
-            " (seq ",
-            info.seq,
-            ") on group '",
-            group,
-            "' failed: ",
-            e.what_without_backtrace()));
+            opLabel(plan.info.name, plan.info.seq, plan.oneSided, group),
+            " failed: ",
+            failure.failed() ? failure.message() : e.what_without_backtrace()));
   }
 }
 
@@ -114,7 +132,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
       launchOptions.blocksHost);
 }
 
-NcclCoreBackend::OpPlan NcclCoreBackend::prepare(
+OpPlan NcclCoreBackend::prepare(
     c10d::OpType type,
     const char* name,
     at::Device device,
@@ -123,7 +141,14 @@ NcclCoreBackend::OpPlan NcclCoreBackend::prepare(
     const std::vector<at::Tensor>& inputs,
     LaunchOptions launchOptions) {
   // The op's argument checks made the communicator (and routes_).
-  failure_->raiseIfFailed();
+  if (C10_UNLIKELY(failure_->failed())) {
+    C10_THROW_ERROR(
+        DistBackendError,
+        c10::str(
+            opLabel(name, std::nullopt, launchOptions.oneSided, *groupName_),
+            ": ",
+            failure_->message()));
+  }
   const c10::cuda::CUDAStream current =
       c10::cuda::getCurrentCUDAStream(device.index());
   const bool capturing = isCapturing(current.stream());
@@ -133,10 +158,9 @@ NcclCoreBackend::OpPlan NcclCoreBackend::prepare(
           outputs,
           inputs,
           launchOptions.routable,
-          launchOptions.copyEngine,
+          launchOptions.reduction,
           capturing,
-          coalescing_,
-          launchOptions.oneShot});
+          coalescing_});
   const SyncOpDetail* oneSided = launchOptions.oneSided;
   return OpPlan{
       OpInfo{type, name, ++seq_, oneSided && oneSided->waitsOnPeers},
@@ -171,7 +195,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::runSync(
   // Lean path: the caller's stream already orders everything.
   std::unique_ptr<OpTiming> timing = timingFor(plan);
   enqueueChecked(
-      plan.route, plan.info, *groupName_, enqueue, plan.current, timing.get());
+      plan, *groupName_, *failure_, enqueue, plan.current, timing.get());
   if (!plan.capturing) {
     watchdog_->noteSyncOp(
         plan.current.stream(), plan.info.name, plan.info.seq, plan.oneSided);
@@ -259,7 +283,7 @@ void NcclCoreBackend::enqueueOnInternalStream(
     OpTiming* timing) {
   // Temporaries made while enqueueing belong to the internal stream.
   const c10::cuda::CUDAStreamGuard guard(*stream_);
-  enqueueChecked(plan.route, plan.info, *groupName_, enqueue, *stream_, timing);
+  enqueueChecked(plan, *groupName_, *failure_, enqueue, *stream_, timing);
 }
 
 std::unique_ptr<OpTiming> NcclCoreBackend::timingFor(const OpPlan& plan) const {

@@ -24,12 +24,12 @@ struct NcclCoreOptions {
   std::optional<std::string> commName;
   // Reduce-scatter through the copy engine where every peer is load/store
   // reachable: unset = from the measured size up, true = at every size,
-  // false = never (backend/copy_engine_reduce_scatter.h).
+  // false = never (backend/engines/copy_engine_reduce_scatter.h).
   std::optional<bool> copyEngineReduceScatter;
   // All-reduce of up to 256 KiB through the one-shot kernel where every peer
   // is load/store reachable: unset = TORCH_NCCL_CORE_ONE_SHOT_ALL_REDUCE
   // (default off: its crossover with NCCL is still to be measured on 2+
-  // GPUs), true = on, false = never (backend/one_shot_all_reduce.h).
+  // GPUs), true = on, false = never (backend/engines/one_shot_all_reduce.h).
   std::optional<bool> oneShotAllReduce;
 
   // Raises ValueError for out-of-range values.

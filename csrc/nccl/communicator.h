@@ -18,16 +18,16 @@
 
 #include "nccl/allocations.h"
 #include "nccl/captured_graphs.h"
-#include "nccl/onesided.h"
+#include "nccl/one_sided.h"
 #include "nccl/resources.h"
 
 namespace nccl_core {
 
 class Communicator;
 
-// What the layer above (the backend's routing, backend/comm_routes.h) hears of
-// a communicator: the NCCL layer holds no policy of its own about windows or
-// aborts. Held weakly, like an AllocationObserver.
+// What the layer above (the backend's routing, backend/routing/comm_routes.h)
+// hears of a communicator: the NCCL layer holds no policy of its own about
+// windows or aborts. Held weakly, like an AllocationObserver.
 class CommunicatorListener {
  public:
   virtual ~CommunicatorListener() = default;

@@ -5,9 +5,9 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include "backend/arguments.h"
 #include "backend/backend.h"
-#include "backend/flight_recorder.h"
+#include "backend/ops/arguments.h"
+#include "backend/runtime/flight_recorder.h"
 #include "nccl/blocking_wait.h"
 #include "nccl/errors.h"
 #include "nccl/memory.h"

@@ -6,8 +6,8 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend/backend.h"
-#include "backend/reduce_op.h"
-#include "backend/tensor_registration.h"
+#include "backend/ops/reduce_op.h"
+#include "backend/routing/tensor_registration.h"
 #include "nccl/dtypes.h"
 #include "nccl/errors.h"
 #include "nccl/window_pointers.h"

@@ -8,7 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backend/comm_routes.h"
+#include "backend/routing/comm_routes.h"
 #include "nccl/allocations.h"
 #include "testing/bindings.h"
 
@@ -40,7 +40,13 @@ std::string route(
     bool coalescing) {
   Route route = routes.route(
       RouteQuery{
-          opType(op), outputs, inputs, routable, nullptr, false, coalescing});
+          opType(op),
+          outputs,
+          inputs,
+          routable,
+          std::nullopt,
+          false,
+          coalescing});
   const bool onTwin = &route.comm == routes.twin().get();
   routes.registerMemory(route);
   return onTwin ? "twin" : "group";
@@ -52,12 +58,12 @@ void bindRoutes(py::module_& testing) {
   py::class_<CommRoutes, std::shared_ptr<CommRoutes>>(
       testing,
       "CommRoutes",
-      "The backend's routing (backend/comm_routes.h) over a communicator of "
-      "the fake NCCL; the copy engine stays off.")
+      "The backend's routing (backend/routing/comm_routes.h) over a "
+      "communicator of "
+      "the fake NCCL, without engines.")
       .def(
           py::init([](std::shared_ptr<Communicator> comm, bool autoRegister) {
-            return CommRoutes::attach(
-                std::move(comm), nullptr, autoRegister, false, false);
+            return CommRoutes::attach(std::move(comm), autoRegister, {});
           }),
           py::arg("comm"),
           py::arg("auto_register") = true)

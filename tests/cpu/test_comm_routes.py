@@ -1,4 +1,4 @@
-"""The backend's routing (csrc/backend/comm_routes.h) against the scripted NCCL.
+"""The backend's routing (csrc/backend/routing/comm_routes.h) against the scripted NCCL.
 
 Which communicator an op runs on (the group's, or the window-free twin made with the first
 symmetric window), what it registers automatically and when that is released: logic the GPU

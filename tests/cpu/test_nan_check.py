@@ -1,5 +1,5 @@
-"""TORCH_NCCL_NAN_CHECK's check of the tensors an op sends (backend/nan_check.h), on CPU tensors:
-launch() runs the same function on an op's CUDA tensors before numbering it."""
+"""TORCH_NCCL_NAN_CHECK's check of the tensors an op sends (backend/ops/nan_check.h), on CPU
+tensors: launch() runs the same function on an op's CUDA tensors before numbering it."""
 
 from __future__ import annotations
 

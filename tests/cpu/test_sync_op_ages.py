@@ -1,4 +1,5 @@
-"""The watchdog's bound on synchronous ops (backend/sync_ops.h), run against a simulated GPU.
+"""The watchdog's bound on synchronous ops (backend/runtime/sync_ops.h), run against a simulated
+GPU.
 
 Synchronous ops share one CUDA event per span of ops, so the watchdog sees a lower bound of how
 long the oldest unfinished op has been unfinished. These tests check that bound against the truth

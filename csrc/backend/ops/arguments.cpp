@@ -1,0 +1,158 @@
+#include "backend/ops/arguments.h"
+
+#include <c10/util/Exception.h>
+
+#include "nccl/communicator.h"
+#include "nccl/dtypes.h"
+#include "nccl/errors.h"
+#include "nccl/one_sided.h"
+
+namespace nccl_core {
+
+NcclBuffer bufferOf(const at::Tensor& tensor, const char* op) {
+  const auto element = ncclElementType(tensor.scalar_type());
+  NCCL_CORE_CHECK_ARG_TYPE(
+      element.has_value(),
+      op,
+      "dtype ",
+      tensor.scalar_type(),
+      " is not supported; expected one of ",
+      kSupportedDtypes);
+  return {
+      tensor.data_ptr(),
+      static_cast<size_t>(tensor.numel()) * element->perElement,
+      element->dtype};
+}
+
+void checkTensor(
+    const at::Tensor& tensor,
+    c10::DeviceIndex device,
+    const char* op,
+    const char* what) {
+  NCCL_CORE_CHECK_ARG(tensor.defined(), op, what, " is an undefined tensor");
+  NCCL_CORE_CHECK_ARG(
+      tensor.is_cuda(),
+      op,
+      what,
+      " must be a CUDA tensor, got one on ",
+      tensor.device());
+  NCCL_CORE_CHECK_ARG(
+      tensor.layout() == at::kStrided,
+      op,
+      what,
+      " must be dense (strided), got layout ",
+      tensor.layout());
+  NCCL_CORE_CHECK_ARG(
+      tensor.device().index() == device,
+      op,
+      what,
+      " is on ",
+      tensor.device(),
+      " but this process group's communicator uses cuda:",
+      static_cast<int>(device));
+  NCCL_CORE_CHECK_ARG(
+      tensor.is_contiguous(),
+      op,
+      what,
+      " must be contiguous, got sizes ",
+      tensor.sizes(),
+      " and strides ",
+      tensor.strides(),
+      " (call .contiguous() first)");
+}
+
+const at::Tensor& singleTensor(
+    const std::vector<at::Tensor>& tensors,
+    const char* op,
+    const char* what) {
+  NCCL_CORE_CHECK_ARG(
+      tensors.size() == 1,
+      op,
+      "expected exactly one ",
+      what,
+      " tensor, got ",
+      tensors.size());
+  return tensors[0];
+}
+
+void checkSameDtype(const at::Tensor& a, const at::Tensor& b, const char* op) {
+  NCCL_CORE_CHECK_ARG_TYPE(
+      a.scalar_type() == b.scalar_type(),
+      op,
+      "input and output dtypes differ (",
+      a.scalar_type(),
+      " vs ",
+      b.scalar_type(),
+      ")");
+}
+
+void checkPerRankList(
+    const std::vector<at::Tensor>& list,
+    int worldSize,
+    c10::DeviceIndex device,
+    at::ScalarType dtype,
+    const char* op,
+    const char* what) {
+  NCCL_CORE_CHECK_ARG(
+      static_cast<int>(list.size()) == worldSize,
+      op,
+      what,
+      " must hold one tensor per rank (",
+      worldSize,
+      "), got ",
+      list.size());
+  for (const auto& tensor : list) {
+    checkTensor(tensor, device, op, what);
+    NCCL_CORE_CHECK_ARG_TYPE(
+        tensor.scalar_type() == dtype,
+        op,
+        what,
+        " has dtype ",
+        tensor.scalar_type(),
+        " but the input is ",
+        dtype);
+  }
+}
+
+void checkRank(int64_t rank, int worldSize, const char* op, const char* what) {
+  NCCL_CORE_CHECK_ARG(
+      rank >= 0 && rank < worldSize,
+      op,
+      what,
+      " ",
+      rank,
+      " is out of range; expected 0 <= ",
+      what,
+      " < ",
+      worldSize);
+}
+
+PutSignal checkedPutSignal(
+    const Communicator& comm,
+    const at::Tensor& src,
+    int64_t peer,
+    const Window& window,
+    int64_t offset,
+    const char* op) {
+  checkPeer(comm, peer, op);
+  checkTensor(src, static_cast<c10::DeviceIndex>(comm.device()), op, "src");
+  const NcclBuffer buf = bufferOf(src, op);
+  const auto target = static_cast<int>(peer);
+  const size_t bytes = src.nbytes();
+  return PutSignal{
+      buf.ptr,
+      buf.count,
+      buf.dtype,
+      bytes,
+      target,
+      window,
+      checkedOffsetBytes(
+          offset,
+          bytes,
+          src.element_size(),
+          peerWindowBytes(window, target),
+          op,
+          target)};
+}
+
+} // namespace nccl_core

@@ -1,0 +1,64 @@
+// The argument checks every op shares, and a tensor as NCCL sees it. Checks
+// raise ValueError / TypeError (NCCL_CORE_CHECK_ARG) before NCCL is called, so
+// a bad call leaves the communicator usable.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <nccl.h>
+
+#include <vector>
+
+namespace nccl_core {
+
+class Communicator;
+class Window;
+struct PutSignal; // nccl/one_sided.h
+
+// A tensor as NCCL sees it: complex tensors travel as twice as many reals.
+struct NcclBuffer {
+  void* ptr;
+  size_t count;
+  ncclDataType_t dtype;
+};
+
+NcclBuffer bufferOf(const at::Tensor& tensor, const char* op);
+
+// CUDA, dense, contiguous and on `device`; `what` names the argument.
+void checkTensor(
+    const at::Tensor& tensor,
+    c10::DeviceIndex device,
+    const char* op,
+    const char* what);
+
+// The one tensor of a list argument that must hold exactly one.
+const at::Tensor& singleTensor(
+    const std::vector<at::Tensor>& tensors,
+    const char* op,
+    const char* what);
+
+void checkSameDtype(const at::Tensor& a, const at::Tensor& b, const char* op);
+
+// One entry per rank in `list` (e.g. all_gather outputs), each checked and of
+// `dtype`.
+void checkPerRankList(
+    const std::vector<at::Tensor>& list,
+    int worldSize,
+    c10::DeviceIndex device,
+    at::ScalarType dtype,
+    const char* op,
+    const char* what);
+
+void checkRank(int64_t rank, int worldSize, const char* op, const char* what);
+
+// put_signal's arguments, checked: `peer` another rank of `comm`'s group,
+// `src` a CUDA tensor on its device that fits `peer`'s part of `window`
+// `offset` elements of `src` in.
+PutSignal checkedPutSignal(
+    const Communicator& comm,
+    const at::Tensor& src,
+    int64_t peer,
+    const Window& window,
+    int64_t offset,
+    const char* op);
+
+} // namespace nccl_core

@@ -1,0 +1,395 @@
+// Ops built from NCCL send/recv: send, recv, gather, scatter and all-to-all.
+#include <c10/util/safe_numerics.h>
+
+#include <numeric>
+#include <string>
+
+#include "backend/launch.h"
+#include "backend/ops/arguments.h"
+#include "nccl/api.h"
+#include "nccl/errors.h"
+
+namespace nccl_core {
+
+namespace {
+
+// Point-to-point ops move bytes: any dtype works.
+ncclResult_t sendBytes(
+    const void* ptr,
+    size_t bytes,
+    int peer,
+    ncclComm_t comm,
+    cudaStream_t stream) {
+  return nccl().send(ptr, bytes, ncclUint8, peer, comm, stream);
+}
+
+ncclResult_t recvBytes(
+    void* ptr,
+    size_t bytes,
+    int peer,
+    ncclComm_t comm,
+    cudaStream_t stream) {
+  return nccl().recv(ptr, bytes, ncclUint8, peer, comm, stream);
+}
+
+// A gather (`toRoot`) or a scatter: the root moves list[r] from or to rank
+// r, by a device copy for itself; every other rank sends or receives `mine`.
+struct RootExchange {
+  int root;
+  std::vector<at::Tensor> list; // the root's; empty elsewhere
+  at::Tensor mine;
+  bool toRoot;
+
+  ncclResult_t
+  enqueue(int rank, int size, ncclComm_t comm, cudaStream_t stream) const {
+    NcclGroup group;
+    if (rank != root) {
+      NCCL_CORE_CHECK(
+          toRoot
+              ? sendBytes(mine.data_ptr(), mine.nbytes(), root, comm, stream)
+              : recvBytes(mine.data_ptr(), mine.nbytes(), root, comm, stream));
+      return group.end();
+    }
+    for (int r = 0; r < size; ++r) {
+      void* theirs = list[r].data_ptr();
+      if (r == root) {
+        C10_CUDA_CHECK(cudaMemcpyAsync(
+            toRoot ? theirs : mine.data_ptr(),
+            toRoot ? mine.data_ptr() : theirs,
+            mine.nbytes(),
+            cudaMemcpyDeviceToDevice,
+            stream));
+      } else {
+        NCCL_CORE_CHECK(
+            toRoot ? recvBytes(theirs, list[r].nbytes(), r, comm, stream)
+                   : sendBytes(theirs, list[r].nbytes(), r, comm, stream));
+      }
+    }
+    return group.end();
+  }
+};
+
+// The root's per-rank list of a gather ("output") or scatter ("input"): one
+// list of `size` tensors shaped like `mine`; other ranks pass none.
+std::vector<at::Tensor> rootListOf(
+    std::vector<std::vector<at::Tensor>>& lists,
+    const at::Tensor& mine,
+    bool isRoot,
+    int size,
+    c10::DeviceIndex device,
+    const char* op,
+    const std::string& what) {
+  if (!isRoot) {
+    NCCL_CORE_CHECK_ARG(
+        lists.empty() || (lists.size() == 1 && lists.front().empty()),
+        op,
+        "only the root takes ",
+        what,
+        " tensors");
+    return {};
+  }
+  NCCL_CORE_CHECK_ARG(
+      lists.size() == 1,
+      op,
+      "the root expects one ",
+      what,
+      " list, got ",
+      lists.size());
+  const std::string listName = what + " list";
+  checkPerRankList(
+      lists.front(), size, device, mine.scalar_type(), op, listName.c_str());
+  for (const auto& tensor : lists.front()) {
+    NCCL_CORE_CHECK_ARG(
+        tensor.numel() == mine.numel(),
+        op,
+        "every ",
+        what,
+        " must have ",
+        mine.numel(),
+        " elements like the ",
+        what == "output" ? "input" : "output",
+        ", got ",
+        tensor.numel());
+  }
+  return lists.front();
+}
+
+constexpr const char* kAllToAll = "alltoall_base";
+
+// Per-rank element counts of an all-to-all side without splits: equal parts.
+std::vector<int64_t>
+evenCounts(const at::Tensor& tensor, int worldSize, const char* what) {
+  NCCL_CORE_CHECK_ARG(
+      tensor.numel() % worldSize == 0,
+      kAllToAll,
+      what,
+      " has ",
+      tensor.numel(),
+      " elements, not divisible by the world size ",
+      worldSize);
+  return std::vector<int64_t>(worldSize, tensor.numel() / worldSize);
+}
+
+// Per-rank element counts of an all-to-all side, split along dim 0.
+std::vector<int64_t> splitCounts(
+    const at::Tensor& tensor,
+    const std::vector<int64_t>& splits,
+    int worldSize,
+    const char* what) {
+  if (splits.empty()) {
+    return evenCounts(tensor, worldSize, what);
+  }
+  NCCL_CORE_CHECK_ARG(
+      tensor.dim() >= 1, kAllToAll, what, " splits need a dim 0");
+  const int64_t rows = tensor.size(0);
+  const int64_t rowElems = rows == 0 ? 0 : tensor.numel() / rows;
+  std::vector<int64_t> counts(worldSize);
+  NCCL_CORE_CHECK_ARG(
+      static_cast<int>(splits.size()) == worldSize,
+      kAllToAll,
+      "expected one ",
+      what,
+      " split per rank (",
+      worldSize,
+      "), got ",
+      splits.size());
+  int64_t total = 0;
+  for (int r = 0; r < worldSize; ++r) {
+    NCCL_CORE_CHECK_ARG(
+        splits[r] >= 0,
+        kAllToAll,
+        what,
+        " splits must be >= 0, got ",
+        splits[r]);
+    // Overflow-checked: a split near INT64_MAX must not wrap into a sum
+    // that matches dim 0.
+    NCCL_CORE_CHECK_ARG(
+        !c10::add_overflows(total, splits[r], &total) &&
+            !c10::mul_overflows(splits[r], rowElems, &counts[r]),
+        kAllToAll,
+        what,
+        " splits overflow int64 (split ",
+        r,
+        " is ",
+        splits[r],
+        ")");
+  }
+  NCCL_CORE_CHECK_ARG(
+      total == rows,
+      kAllToAll,
+      what,
+      " splits sum to ",
+      total,
+      " but dim 0 of the ",
+      what,
+      " is ",
+      rows);
+  return counts;
+}
+
+} // namespace
+
+c10::intrusive_ptr<c10d::Work> NcclCoreBackend::send(
+    std::vector<at::Tensor>& tensors,
+    int dstRank,
+    int /*tag*/) {
+  const EndCoalescingOnError endOnError(*this);
+  constexpr const char* kOp = "send";
+  const at::Tensor& tensor = singleTensor(tensors, kOp, "tensor");
+  deviceForOp(tensor, kOp, "tensor");
+  checkRank(dstRank, getSize(), kOp, "destination rank");
+  // Outside a coalesced group nothing could ever match it.
+  NCCL_CORE_CHECK_ARG(
+      coalescing_ || dstRank != getRank(),
+      "send",
+      "peer ",
+      dstRank,
+      " is this rank; a send to itself needs its matching recv in the same "
+      "batch_isend_irecv");
+  return launch(
+      c10d::OpType::SEND,
+      kOp,
+      tensor.device(),
+      true,
+      c10d::kUnsetTimeout,
+      {},
+      {tensor},
+      [&](ncclComm_t comm, cudaStream_t stream) {
+        return sendBytes(
+            tensor.data_ptr(), tensor.nbytes(), dstRank, comm, stream);
+      },
+      LaunchOptions::withPeer(dstRank));
+}
+
+c10::intrusive_ptr<c10d::Work> NcclCoreBackend::recv(
+    std::vector<at::Tensor>& tensors,
+    int srcRank,
+    int /*tag*/) {
+  const EndCoalescingOnError endOnError(*this);
+  constexpr const char* kOp = "recv";
+  const at::Tensor& tensor = singleTensor(tensors, kOp, "tensor");
+  deviceForOp(tensor, kOp, "tensor");
+  checkRank(srcRank, getSize(), kOp, "source rank");
+  // Outside a coalesced group nothing could ever match it.
+  NCCL_CORE_CHECK_ARG(
+      coalescing_ || srcRank != getRank(),
+      "recv",
+      "peer ",
+      srcRank,
+      " is this rank; a recv to itself needs its matching send in the same "
+      "batch_isend_irecv");
+  return launch(
+      c10d::OpType::RECV,
+      kOp,
+      tensor.device(),
+      true,
+      c10d::kUnsetTimeout,
+      {tensor},
+      {},
+      [&](ncclComm_t comm, cudaStream_t stream) {
+        return recvBytes(
+            tensor.data_ptr(), tensor.nbytes(), srcRank, comm, stream);
+      },
+      LaunchOptions::withPeer(srcRank));
+}
+
+c10::intrusive_ptr<c10d::Work> NcclCoreBackend::recvAnysource(
+    std::vector<at::Tensor>& /*tensors*/,
+    int /*tag*/) {
+  const EndCoalescingOnError endOnError(*this);
+  C10_THROW_ERROR(
+      NotImplementedError,
+      "nccl_core recv: receiving from any source is not supported, since NCCL "
+      "has no wildcard receive; pass src=");
+}
+
+c10::intrusive_ptr<c10d::Work> NcclCoreBackend::gather(
+    std::vector<std::vector<at::Tensor>>& outputs,
+    std::vector<at::Tensor>& inputs,
+    const c10d::GatherOptions& opts) {
+  const EndCoalescingOnError endOnError(*this);
+  constexpr const char* kOp = "gather";
+  const at::Tensor& input = singleTensor(inputs, kOp, "input");
+  const c10::DeviceIndex device = deviceForOp(input, kOp, "input");
+  checkRank(opts.rootRank, getSize(), kOp, "root");
+  const int root = static_cast<int>(opts.rootRank);
+  const RootExchange exchange{
+      root,
+      rootListOf(
+          outputs, input, getRank() == root, getSize(), device, kOp, "output"),
+      input,
+      /*toRoot=*/true};
+  return launch(
+      c10d::OpType::GATHER,
+      kOp,
+      input.device(),
+      opts.asyncOp,
+      opts.timeout,
+      exchange.list,
+      {input},
+      [&](ncclComm_t comm, cudaStream_t stream) {
+        return exchange.enqueue(getRank(), getSize(), comm, stream);
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> NcclCoreBackend::scatter(
+    std::vector<at::Tensor>& outputs,
+    std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ScatterOptions& opts) {
+  const EndCoalescingOnError endOnError(*this);
+  constexpr const char* kOp = "scatter";
+  const at::Tensor& output = singleTensor(outputs, kOp, "output");
+  const c10::DeviceIndex device = deviceForOp(output, kOp, "output");
+  checkRank(opts.rootRank, getSize(), kOp, "root");
+  const int root = static_cast<int>(opts.rootRank);
+  const RootExchange exchange{
+      root,
+      rootListOf(
+          inputs, output, getRank() == root, getSize(), device, kOp, "input"),
+      output,
+      /*toRoot=*/false};
+  return launch(
+      c10d::OpType::SCATTER,
+      kOp,
+      output.device(),
+      opts.asyncOp,
+      opts.timeout,
+      {output},
+      exchange.list,
+      [&](ncclComm_t comm, cudaStream_t stream) {
+        return exchange.enqueue(getRank(), getSize(), comm, stream);
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> NcclCoreBackend::alltoall_base(
+    at::Tensor& output,
+    at::Tensor& input,
+    std::vector<int64_t>& outputSplits,
+    std::vector<int64_t>& inputSplits,
+    const c10d::AllToAllOptions& opts) {
+  const EndCoalescingOnError endOnError(*this);
+  constexpr const char* kOp = "alltoall_base";
+  const c10::DeviceIndex device = deviceForOp(input, kOp, "input");
+  checkTensor(output, device, kOp, "output");
+  checkSameDtype(input, output, kOp);
+  const std::vector<int64_t> sendCounts =
+      splitCounts(input, inputSplits, getSize(), "input");
+  const std::vector<int64_t> recvCounts =
+      splitCounts(output, outputSplits, getSize(), "output");
+  const size_t elem = input.element_size();
+  return launch(
+      c10d::OpType::ALLTOALL_BASE,
+      kOp,
+      input.device(),
+      opts.asyncOp,
+      opts.timeout,
+      {output},
+      {input},
+      [&](ncclComm_t comm, cudaStream_t stream) {
+        NcclGroup group;
+        auto* in = static_cast<const char*>(input.data_ptr());
+        auto* out = static_cast<char*>(output.data_ptr());
+        for (int r = 0; r < getSize(); ++r) {
+          NCCL_CORE_CHECK(sendBytes(in, sendCounts[r] * elem, r, comm, stream));
+          NCCL_CORE_CHECK(
+              recvBytes(out, recvCounts[r] * elem, r, comm, stream));
+          in += sendCounts[r] * elem;
+          out += recvCounts[r] * elem;
+        }
+        return group.end();
+      });
+}
+
+c10::intrusive_ptr<c10d::Work> NcclCoreBackend::alltoall(
+    std::vector<at::Tensor>& outputs,
+    std::vector<at::Tensor>& inputs,
+    const c10d::AllToAllOptions& opts) {
+  const EndCoalescingOnError endOnError(*this);
+  constexpr const char* kOp = "alltoall";
+  NCCL_CORE_CHECK_ARG(
+      !inputs.empty(), kOp, "expected one input per rank, got none");
+  const c10::DeviceIndex device = deviceForOp(inputs.front(), kOp, "input");
+  const at::ScalarType dtype = inputs.front().scalar_type();
+  checkPerRankList(inputs, getSize(), device, dtype, kOp, "input list");
+  checkPerRankList(outputs, getSize(), device, dtype, kOp, "output list");
+  return launch(
+      c10d::OpType::ALLTOALL,
+      kOp,
+      inputs.front().device(),
+      opts.asyncOp,
+      opts.timeout,
+      outputs,
+      inputs,
+      [&](ncclComm_t comm, cudaStream_t stream) {
+        NcclGroup group;
+        for (int r = 0; r < getSize(); ++r) {
+          NCCL_CORE_CHECK(sendBytes(
+              inputs[r].data_ptr(), inputs[r].nbytes(), r, comm, stream));
+          NCCL_CORE_CHECK(recvBytes(
+              outputs[r].data_ptr(), outputs[r].nbytes(), r, comm, stream));
+        }
+        return group.end();
+      });
+}
+
+} // namespace nccl_core

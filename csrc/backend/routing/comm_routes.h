@@ -1,0 +1,137 @@
+// Where a group's ops run besides its communicator, and the memory each
+// communicator registered for them: the backend's routing state. The NCCL
+// layer holds none of this policy; it tells this object of windows and of
+// its abort (CommunicatorListener).
+// - The window-free twin: a second communicator over the same ranks, made
+//   (collectively) with the first symmetric window. It holds no windows, so
+//   ops that NCCL's symmetric kernels would slow down (routing.h) run there,
+//   on buffer-registered memory.
+// - The backend's engines (backend/engines/engine.h), which run an op in
+//   NCCL's place where they suit it.
+// - Automatic registration (TORCH_NCCL_CORE_AUTO_REGISTER): NCCL memory an op
+//   touches is registered with the communicator that runs it, once.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/util/SmallVector.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <shared_mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/engines/engine.h"
+#include "nccl/allocations.h"
+#include "nccl/communicator.h"
+
+namespace nccl_core {
+
+// What an op asks of routing (NcclCoreBackend::prepare fills it in).
+struct RouteQuery {
+  c10d::OpType type;
+  const std::vector<at::Tensor>& outputs;
+  const std::vector<at::Tensor>& inputs;
+  // A collective NCCL may give symmetric kernels: it may move to the twin.
+  bool routable = false;
+  // Its built-in reduction, if it has one: an engine may run it.
+  std::optional<c10d::ReduceOp::RedOpType> reduction;
+  bool capturing = false;
+  bool coalescing = false; // every op of an NCCL group runs on one comm
+};
+
+// An op that one of the backend's own engines runs in NCCL's place,
+// enqueued on the given stream.
+using EngineRun = std::function<void(cudaStream_t)>;
+
+// Where an op runs, settled by one look at its tensors.
+struct Route {
+  Communicator& comm; // the group's communicator or its twin
+  EngineRun engine;   // set: NCCL runs nothing
+  // NCCL memory of the op's to register with `comm` before it runs.
+  c10::SmallVector<Allocation, 2> toRegister;
+};
+
+class CommRoutes final : public CommunicatorListener,
+                         public AllocationObserver,
+                         public std::enable_shared_from_this<CommRoutes> {
+ public:
+  // Routes for `comm`'s ops, told of its windows and of its abort from now
+  // on; `engines` (over `comm`) may run ops in NCCL's place.
+  static std::shared_ptr<CommRoutes> attach(
+      std::shared_ptr<Communicator> comm,
+      bool autoRegister,
+      Engines engines);
+  CommRoutes(const CommRoutes&) = delete;
+  CommRoutes& operator=(const CommRoutes&) = delete;
+  // Aborts the communicator first if it still maps an engine's staging.
+  ~CommRoutes() override;
+
+  Route route(const RouteQuery& query);
+  // Registers what `route` found unregistered (local, may take a while).
+  void registerMemory(Route& route);
+
+  // The twin; null before the first symmetric window.
+  std::shared_ptr<Communicator> twin() const;
+  // The group's communicator and its twin time their nonblocking calls out
+  // after `timeout`.
+  void setTimeout(std::chrono::milliseconds timeout);
+
+  void beforeWindow(Communicator& comm, int flags) override;
+  void windowRegistered(const std::shared_ptr<Window>& window) override;
+  void aborting() noexcept override;
+  void onFree(const Allocation& allocation) noexcept override;
+
+ private:
+  CommRoutes(
+      std::shared_ptr<Communicator> comm,
+      bool autoRegister,
+      Engines engines);
+
+  // What is known of one NCCL allocation, by id.
+  struct Memory {
+    std::vector<std::weak_ptr<Window>> windows; // of the group's communicator
+    std::shared_ptr<RegisteredBuffer> onComm;   // automatic registrations
+    std::shared_ptr<RegisteredBuffer> onTwin;
+  };
+  // An op's NCCL tensor as the lookup found it.
+  struct Touched {
+    Allocation allocation;
+    int windowFlags = -1; // -1: in no window; else the covering one's flags
+    bool onComm = false;  // registered there already
+    bool onTwin = false;
+  };
+  // The op's NCCL tensors, each with its allocation.
+  using Found = c10::SmallVector<std::pair<const at::Tensor*, Allocation>, 4>;
+  // What this table knows of them, read under one shared lock.
+  struct Lookup {
+    c10::SmallVector<Touched, 4> touched;
+    bool inSymmetricWindow = false; // any of them
+    std::shared_ptr<Communicator> twin;
+  };
+  Lookup lookUp(const Found& found) const;
+  // An engine's run of `query` when one suits it.
+  EngineRun engineFor(const RouteQuery& query);
+  // Whether an engine's staging is mapped by the peers.
+  bool hasStaging() const;
+
+  const std::shared_ptr<Communicator> comm_;
+  const bool autoRegister_;
+
+  // Read by every op that touches NCCL memory, written on registration,
+  // window and free.
+  mutable std::shared_mutex mutex_;
+  // Held across the twin's split: a second window registration waits and
+  // finds the twin made, on every rank alike.
+  std::mutex twinMutex_;
+  std::unordered_map<uint64_t, Memory> memory_;
+  std::shared_ptr<Communicator> twin_;
+  std::atomic<bool> hasTwin_{false}; // twin_ set: a lock-free look per op
+  const Engines engines_;
+};
+
+} // namespace nccl_core

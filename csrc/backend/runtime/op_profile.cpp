@@ -1,0 +1,78 @@
+#include "backend/runtime/op_profile.h"
+
+#include <torch/csrc/distributed/c10d/ParamCommsUtils.hpp>
+
+#include <string_view>
+#include <tuple>
+
+namespace nccl_core {
+
+namespace {
+
+int64_t elements(const std::vector<at::Tensor>& tensors) {
+  int64_t count = 0;
+  for (const at::Tensor& tensor : tensors) {
+    count += tensor.numel();
+  }
+  return count;
+}
+
+std::vector<c10::IValue> asValues(
+    const std::vector<at::Tensor>& inputs,
+    const std::vector<at::Tensor>& outputs) {
+  std::vector<c10::IValue> values(inputs.begin(), inputs.end());
+  values.insert(values.end(), outputs.begin(), outputs.end());
+  return values;
+}
+
+// torch's record_param_comms event, as an instant at the op's launch. The
+// global rank layout of a group is not known here: start 0, stride 1, as
+// ProcessGroupNCCL reports for a group without global_ranks_in_group.
+void recordParamComms(
+    const OpInfo& info,
+    const std::string& group,
+    int rank,
+    int size,
+    const std::vector<at::Tensor>& inputs,
+    const std::vector<at::Tensor>& outputs) {
+  const bool pointToPoint =
+      info.type == c10d::OpType::SEND || info.type == c10d::OpType::RECV;
+  const std::vector<at::Tensor>& sent = sentTensors(info.type, outputs, inputs);
+  const std::vector<at::Tensor>& typed = !sent.empty() ? sent : outputs;
+  RECORD_PARAM_COMMS_DATA(
+      std::make_tuple(static_cast<int64_t>(info.seq), pointToPoint),
+      std::make_tuple(group, group),
+      sent,
+      outputs,
+      rank,
+      info.name,
+      elements(sent),
+      elements(outputs),
+      !typed.empty() ? typed.front().scalar_type() : at::kByte,
+      std::vector<int64_t>(),
+      std::vector<int64_t>(),
+      0,
+      1,
+      size);
+}
+
+} // namespace
+
+OpProfile::OpProfile(
+    const OpInfo& info,
+    const std::string& group,
+    int rank,
+    int size,
+    const std::vector<at::Tensor>& inputs,
+    const std::vector<at::Tensor>& outputs) {
+  if (C10_LIKELY(!range_.isActive())) {
+    return;
+  }
+  recordParamComms(info, group, rank, size, inputs, outputs);
+  title_ = c10::str("nccl_core:", info.name);
+  const std::vector<c10::IValue> values = asValues(inputs, outputs);
+  range_.before(
+      std::string_view(title_), &values, static_cast<int64_t>(info.seq));
+}
+
+} // namespace nccl_core

@@ -1,0 +1,169 @@
+#include "backend/runtime/rendezvous.h"
+
+#include <cstring>
+#include <numeric>
+#include <thread>
+
+#include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
+#include <c10/util/StringUtil.h>
+
+#include "nccl/api.h"
+#include "nccl/errors.h"
+
+namespace nccl_core {
+
+namespace {
+// Polled, not waited for: c10d's TCPStore client holds its lock through a
+// wait, and every group on the default store shares that client (their
+// watchdogs read their abort keys through it).
+constexpr std::chrono::milliseconds kPollInterval{10};
+const std::string kGo = "go";
+const std::string kGivenUp = "given up";
+
+std::string arrivedKey(const std::string& prefix, int rank) {
+  return c10::str(prefix, "/arrived/", rank);
+}
+
+std::string arrivalsKey(const std::string& prefix) {
+  return prefix + "/arrivals";
+}
+
+std::string tallyKey(const std::string& prefix) {
+  return prefix + "/tally";
+}
+
+std::string decisionKey(const std::string& prefix) {
+  return prefix + "/decision";
+}
+
+std::string idKey(const std::string& prefix) {
+  return prefix + "/unique_id";
+}
+} // namespace
+
+int64_t meet(
+    c10d::Store& store,
+    const std::string& prefix,
+    int rank,
+    const std::vector<int>& ranks,
+    int64_t count,
+    std::chrono::milliseconds timeout,
+    const std::string& label,
+    const std::function<bool()>& abandon) {
+  store.set(arrivedKey(prefix, rank), std::vector<uint8_t>{1}); // names it
+  store.add(tallyKey(prefix), count);
+  const auto size = static_cast<int64_t>(ranks.size());
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool everyone = store.add(arrivalsKey(prefix), 1) >= size;
+  bool abandoned = false;
+  bool decidedElsewhere = false;
+  while (!everyone && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(kPollInterval);
+    abandoned = abandon && abandon();
+    decidedElsewhere = !abandoned && store.check({decisionKey(prefix)});
+    if (abandoned || decidedElsewhere) {
+      break;
+    }
+    everyone = store.add(arrivalsKey(prefix), 0) >= size;
+  }
+  const std::vector<uint8_t> go(kGo.begin(), kGo.end());
+  const std::vector<uint8_t> givenUp(kGivenUp.begin(), kGivenUp.end());
+  if (store.compareSet(decisionKey(prefix), {}, everyone ? go : givenUp) !=
+      go) {
+    std::vector<int> missing;
+    for (int r : ranks) {
+      if (!store.check({arrivedKey(prefix, r)})) {
+        missing.push_back(r);
+      }
+    }
+    const std::string ranksMissing = c10::Join(", ", missing);
+    std::string why;
+    if (abandoned) {
+      why = c10::str(
+          "rank ",
+          rank,
+          " of ",
+          label,
+          " gave up waiting for rank(s) ",
+          ranksMissing,
+          ": the group was aborted");
+    } else if (missing.empty()) {
+      why = c10::str(
+          "rank ",
+          rank,
+          " of ",
+          label,
+          " came after the other ranks had given up waiting for it (the "
+          "group's timeout, ",
+          timeout.count(),
+          " ms)");
+    } else {
+      why = c10::str(
+          "rank(s) ",
+          ranksMissing,
+          " of ",
+          label,
+          decidedElsewhere
+              ? c10::str(
+                    " did not come, and another rank gave the meeting up (the "
+                    "group's timeout is ",
+                    timeout.count(),
+                    " ms)")
+              : c10::str(
+                    " did not come within the group's timeout (",
+                    timeout.count(),
+                    " ms); rank ",
+                    rank,
+                    " waited for them"));
+    }
+    C10_THROW_ERROR(DistBackendError, "nccl_core: " + why);
+  }
+  return store.add(tallyKey(prefix), 0);
+}
+
+ncclUniqueId rendezvous(
+    c10d::Store& store,
+    const std::string& prefix,
+    int rank,
+    int size,
+    std::chrono::milliseconds timeout,
+    const std::string& label,
+    const std::function<bool()>& abandon) {
+  std::vector<int> ranks(size);
+  std::iota(ranks.begin(), ranks.end(), 0);
+  meet(store, prefix, rank, ranks, 0, timeout, label, abandon);
+  ncclUniqueId id;
+  if (rank == 0) { // only now: an id made for a meeting given up would leave
+                   // NCCL's bootstrap root waiting on rank 0
+    NCCL_CORE_CHECK(nccl().getUniqueId(&id));
+    const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
+    store.set(idKey(prefix), std::vector<uint8_t>(bytes, bytes + sizeof(id)));
+  } else {
+    const std::vector<uint8_t> bytes = store.get(idKey(prefix));
+    TORCH_INTERNAL_ASSERT(
+        bytes.size() == sizeof(id), "malformed NCCL unique id in the store");
+    std::memcpy(&id, bytes.data(), sizeof(id));
+  }
+  return id;
+}
+
+void leaveRendezvous(c10d::Store& store, const std::string& prefix, int size) {
+  try {
+    for (const std::string& key :
+         {idKey(prefix),
+          decisionKey(prefix),
+          arrivalsKey(prefix),
+          tallyKey(prefix)}) {
+      store.deleteKey(key);
+    }
+    for (int r = 0; r < size; ++r) {
+      store.deleteKey(arrivedKey(prefix, r));
+    }
+  } catch (const std::exception& e) {
+    LOG(INFO) << "[nccl_core] could not delete the keys of " << prefix << ": "
+              << e.what();
+  }
+}
+
+} // namespace nccl_core
