@@ -327,10 +327,18 @@ void Communicator::abort(CommunicatorListener* instead) noexcept {
     DeviceGuard guard(device_);
     NCCL_CORE_WARN(nccl().commRevoke(comm_, 0));
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  releaseRequested_ = true;
-  if (uses_.fetch_sub(1) == 1) {
-    releaseHandle();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    releaseRequested_ = true;
+    if (uses_.fetch_sub(1) == 1) {
+      releaseHandle();
+    }
+  }
+  if (instead) {
+    instead->aborted();
+  }
+  if (listener && listener.get() != instead) {
+    listener->aborted();
   }
 }
 

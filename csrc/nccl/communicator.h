@@ -39,6 +39,10 @@ class CommunicatorListener {
   // Once, when the communicator is aborted: its signal waits have ended, and
   // NCCL has not yet freed its resources. Called without its lock.
   virtual void aborting() noexcept = 0;
+  // Then, once NCCL was asked to abort it (its kernels end), so that what
+  // depends on it can go: a communicator freed first would wait for those
+  // kernels (device-wide synchronizing frees).
+  virtual void aborted() noexcept = 0;
 };
 
 class Communicator final : public AllocationObserver,

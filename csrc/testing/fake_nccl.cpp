@@ -438,10 +438,14 @@ void FakeNccl::revoke(Comm* comm) {
 }
 
 void FakeNccl::abort(Comm* comm) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   ++calls_["ncclCommAbort"];
   abortedUnderCall_ += comm->inside > 0 ? 1 : 0;
   usedAfterFree_ += comm->freed ? 1 : 0;
+  // Held, it blocks as NCCL's does while the device finishes.
+  ++inside_["ncclCommAbort"];
+  released_.wait(lock, [&] { return held_.count("ncclCommAbort") == 0; });
+  --inside_["ncclCommAbort"];
   comm->freed = true;
 }
 

@@ -14,6 +14,7 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
+from threads import in_thread
 
 import torch_nccl_core
 from torch_nccl_core import _C
@@ -227,3 +228,22 @@ def test_aborting_the_group_aborts_the_twin(fake, group, memory):
     testing.abort(comm)
     assert twin.is_aborted
     assert fake.live == 0
+
+
+def test_the_twin_is_aborted_after_the_group(fake, group, memory):
+    """Was: the twin first, whose device-synchronizing frees then waited for the group's op
+    that a silent peer kept running, before the group's own abort could end it."""
+    comm, routes = group
+    testing.register_window(comm, memory(4096), SYMMETRIC)
+    twin = routes.twin
+    fake.hold("ncclCommAbort")
+    thread, outcome = in_thread(lambda: testing.abort(comm))
+    deadline = time.monotonic() + 5
+    while fake.inside("ncclCommAbort") == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    twin_aborted_first = twin.is_aborted  # read while the first ncclCommAbort is held
+    fake.release("ncclCommAbort")
+    thread.join(5)
+    assert "error" not in outcome, outcome
+    assert comm.is_aborted and not twin_aborted_first and twin.is_aborted
+    assert fake.calls("ncclCommAbort") == 2

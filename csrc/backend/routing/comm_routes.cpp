@@ -69,6 +69,7 @@ CommRoutes::~CommRoutes() {
     // that one could not tell this object.
     comm_->abort(*this);
     aborting();
+    aborted();
   }
 }
 
@@ -216,10 +217,8 @@ void CommRoutes::beforeWindow(Communicator& comm, int flags) {
   }
   // Collective like the window's registration, so every rank makes it here.
   ncclConfig_t config = comm.config(); // the group's settings (CTAs, ...)
-  // Resources of its own (NCCL_COMM_SPLIT_SHARE_RESOURCES off): a twin that
-  // shared the parent's proxy and abort flag could not be aborted while an
-  // op of the parent's waited for a silent peer (ncclCommAbort of the twin
-  // returned only once that peer's process ended; NCCL 2.28.9 over sockets).
+  // Resources of its own: its abort then depends on nothing of the group's
+  // communicator (see aborted()).
   config.splitShare = 0;
   auto twin =
       comm.split(0, comm.rank(), config, comm.label() + " (window-free twin)");
@@ -253,6 +252,9 @@ void CommRoutes::aborting() noexcept {
   for (const auto& engine : engines_) {
     engine->drain();
   }
+}
+
+void CommRoutes::aborted() noexcept {
   if (const auto twin = this->twin()) {
     twin->abort();
   }

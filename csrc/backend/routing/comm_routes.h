@@ -83,7 +83,11 @@ class CommRoutes final : public CommunicatorListener,
 
   void beforeWindow(Communicator& comm, int flags) override;
   void windowRegistered(const std::shared_ptr<Window>& window) override;
+  // Drains the engines (their copies into peers' memory end first).
   void aborting() noexcept override;
+  // Aborts the twin, once the group's communicator was: a twin freed first
+  // waited for the group's kernels, which a silent peer kept running.
+  void aborted() noexcept override;
   void onFree(const Allocation& allocation) noexcept override;
 
  private:
