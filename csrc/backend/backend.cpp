@@ -254,9 +254,12 @@ void NcclCoreBackend::runOneSided(
   options.sendsData = false; // its tensors are the caller's to check
   const at::Device device(
       at::kCUDA, static_cast<c10::DeviceIndex>(comm_->device()));
-  // A synchronous op runs on the current stream: make it the caller's.
+  // A synchronous op runs on the current stream: make it the caller's. c10
+  // names the legacy default stream by id, not by its handles.
   const c10::cuda::CUDAStreamGuard onStream(
-      c10::cuda::getStreamFromExternal(stream, device.index()));
+      stream == nullptr || stream == cudaStreamLegacy
+          ? c10::cuda::getDefaultCUDAStream(device.index())
+          : c10::cuda::getStreamFromExternal(stream, device.index()));
   launch(
       c10d::OpType::UNKNOWN,
       name,

@@ -283,10 +283,11 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   // window: for tests of routing.
   std::shared_ptr<Communicator> windowFreeTwin();
 
-  // A one-sided op on the group's communicator (nccl/one_sided.h), run on
-  // `stream` as a synchronous op of the group through launch(): numbered,
-  // refused once the group failed, timed by the watchdog outside stream
-  // capture, its errors naming it, its peers, its number and the group.
+  // A one-sided op on the group's communicator (nccl/one_sided.h), from the
+  // thread that runs the group's ops, run on `stream` as a synchronous op of
+  // the group through launch(): numbered, refused once the group failed,
+  // timed by the watchdog outside stream capture, its errors naming it, its
+  // peers, its number and the group.
   void runOneSided(
       const char* name,
       c10::ArrayRef<int> peers,

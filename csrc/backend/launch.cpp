@@ -177,7 +177,10 @@ void NcclCoreBackend::beforeEnqueue(OpPlan& plan) {
   if (plan.capturing) {
     // Counted before NCCL makes the graph's plan, so that an abort racing
     // this op already knows to leave NCCL's wait for the graph to a thread.
-    plan.route.comm.noteCapture(plan.current.stream());
+    // One-sided ops count their own: the load/store engine makes no plan.
+    if (plan.oneSided == nullptr) {
+      plan.route.comm.noteCapture(plan.current.stream());
+    }
   } else {
     // Not under capture: freeing NCCL memory there would invalidate it.
     watchdog_->reapRetired();

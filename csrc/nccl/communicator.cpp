@@ -317,15 +317,12 @@ void Communicator::abort(CommunicatorListener* instead) noexcept {
   // A stay of its own, so that the handle outlives the revoke below; release
   // is requested only after it, so no stay ending meanwhile frees the handle.
   uses_.fetch_add(1);
-  if (hostCalls_.load() > 0 && !nonblocking_ && nccl().commRevoke != nullptr &&
-      capturedGraphs_.live() == 0) {
+  if (hostCalls_.load() > 0 && canRevoke()) {
     // A blocking collective host call (a window registration, a split) waits
     // in NCCL's bootstrap for peers that may never come, and only NCCL's
-    // abort flag ends that wait: ncclCommRevoke (NCCL >= 2.28.7) raises it
-    // without freeing the communicator under the call; the last stay to end
-    // then aborts it.
-    DeviceGuard guard(device_);
-    NCCL_CORE_WARN(nccl().commRevoke(comm_, 0));
+    // abort flag ends that wait: revoked, the communicator stays allocated
+    // under the call; the last stay to end then aborts it.
+    revokeHandle();
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -339,6 +336,34 @@ void Communicator::abort(CommunicatorListener* instead) noexcept {
   }
   if (listener && listener.get() != instead) {
     listener->aborted();
+  }
+}
+
+bool Communicator::canRevoke() const {
+  return !nonblocking_ && nccl().commRevoke != nullptr &&
+         capturedGraphs_.live() == 0;
+}
+
+void Communicator::revokeHandle() noexcept {
+  try {
+    DeviceGuard guard(device_);
+    NCCL_CORE_WARN(nccl().commRevoke(comm_, 0));
+  } catch (const std::exception& e) {
+    LOG(WARNING) << "[nccl_core] could not revoke the NCCL communicator of "
+                 << label_ << ": " << e.what();
+  }
+}
+
+bool Communicator::stopKernels() noexcept {
+  if (!canRevoke()) {
+    return false;
+  }
+  try {
+    const Use use(*this); // raises once aborted: nothing is left to stop
+    revokeHandle();
+    return true;
+  } catch (const std::exception&) {
+    return false;
   }
 }
 

@@ -41,7 +41,8 @@ class CommunicatorListener {
   virtual void aborting() noexcept = 0;
   // Then, once NCCL was asked to abort it (its kernels end), so that what
   // depends on it can go: a communicator freed first would wait for those
-  // kernels (device-wide synchronizing frees).
+  // kernels (device-wide synchronizing frees). Where another thread still
+  // holds a Use, NCCL is asked only when that Use ends.
   virtual void aborted() noexcept = 0;
 };
 
@@ -180,6 +181,12 @@ class Communicator final : public AllocationObserver,
   // never waits for peers. While CUDA graphs that captured its work are
   // alive, NCCL frees it on a thread of its own once they are destroyed.
   void abort() noexcept;
+  // Makes its kernels and blocking host calls end without freeing it
+  // (ncclCommRevoke, NCCL >= 2.28.7), for an abort that must free another
+  // communicator first: frees synchronize the device. Only on a blocking
+  // communicator no live CUDA graph holds; false where it did nothing. It
+  // takes no work after.
+  bool stopKernels() noexcept;
   // The same, telling `instead` too: a listener that is being destroyed can
   // no longer be reached as one.
   void abort(CommunicatorListener& instead) noexcept;
@@ -262,6 +269,10 @@ class Communicator final : public AllocationObserver,
   // ncclCommAbort, once: by abort() when no Use is held, else by the last
   // Use to end.
   void releaseHandle() noexcept;
+  // Whether ncclCommRevoke may run (see stopKernels).
+  bool canRevoke() const;
+  // ncclCommRevoke on the handle, which must be alive.
+  void revokeHandle() noexcept;
 
   // Polls a nonblocking communicator until NCCL finished `call`. At the
   // timeout it aborts the communicator (which ends NCCL's pending job, so it

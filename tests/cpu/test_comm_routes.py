@@ -230,10 +230,14 @@ def test_aborting_the_group_aborts_the_twin(fake, group, memory):
     assert fake.live == 0
 
 
-def test_the_twin_is_aborted_after_the_group(fake, group, memory):
-    """Was: the twin first, whose device-synchronizing frees then waited for the group's op
-    that a silent peer kept running, before the group's own abort could end it."""
-    comm, routes = group
+@pytest.mark.parametrize("blocking", [True, False])
+def test_the_twin_stops_first_and_is_freed_after_the_group(fake, memory, blocking):
+    """Was: the twin aborted first, whose device-synchronizing frees then waited for the group's
+    op that a silent peer kept running, before the group's own abort could end it. Now the
+    twin's kernels are stopped first (ncclCommRevoke, on a blocking communicator), the group is
+    aborted, then the twin."""
+    comm = testing.create_communicator(2, 0, timedelta(seconds=5), blocking, "group 'g'")
+    routes = testing.CommRoutes(comm)
     testing.register_window(comm, memory(4096), SYMMETRIC)
     twin = routes.twin
     fake.hold("ncclCommAbort")
@@ -241,9 +245,11 @@ def test_the_twin_is_aborted_after_the_group(fake, group, memory):
     deadline = time.monotonic() + 5
     while fake.inside("ncclCommAbort") == 0 and time.monotonic() < deadline:
         time.sleep(0.001)
-    twin_aborted_first = twin.is_aborted  # read while the first ncclCommAbort is held
+    # Read while the first ncclCommAbort is held.
+    twin_aborted_first, revoked_first = twin.is_aborted, fake.calls("ncclCommRevoke")
     fake.release("ncclCommAbort")
     thread.join(5)
     assert "error" not in outcome, outcome
     assert comm.is_aborted and not twin_aborted_first and twin.is_aborted
+    assert revoked_first == (1 if blocking else 0)
     assert fake.calls("ncclCommAbort") == 2

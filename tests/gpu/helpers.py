@@ -367,11 +367,12 @@ def run_child_world(
     return child
 
 
-# Runs a script as `python script args` would, with every thread's Python stack dumped on SIGUSR1.
+# Runs a script as `python script args` would (its folder first on sys.path, not the working
+# directory), with every thread's Python stack dumped on SIGUSR1.
 _WITH_STACKS = (
     "import faulthandler, os, runpy, signal, sys; "
     "faulthandler.register(signal.SIGUSR1, all_threads=True); "
-    "sys.argv = sys.argv[1:]; sys.path.insert(0, os.path.dirname(sys.argv[0])); "
+    "sys.argv = sys.argv[1:]; sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0])); "
     "runpy.run_path(sys.argv[0], run_name='__main__')"
 )
 
@@ -379,11 +380,18 @@ _WITH_STACKS = (
 def _run_with_stacks_on_timeout(
     argv: list[str], env: dict[str, str], timeout_s: float
 ) -> subprocess.CompletedProcess:
-    """Runs `python argv...`; one still running after `timeout_s` is reported as rc -9, with
-    its threads' Python stacks (and native ones, where gdb is there) in its stderr."""
+    """Runs `python argv...` in a session of its own; one still running after `timeout_s` is
+    killed with everything it started and reported as rc -9, with its threads' Python stacks
+    (and native ones, where gdb is there) in its stderr."""
     command = [sys.executable, "-c", _WITH_STACKS, *argv]
     process = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        start_new_session=True,
     )
     try:
         out, err = process.communicate(timeout=timeout_s)
@@ -392,9 +400,15 @@ def _run_with_stacks_on_timeout(
         pass
     process.send_signal(signal.SIGUSR1)
     time.sleep(1.0)  # the dump, before gdb stops the process
-    native = _native_stacks(process.pid)
-    process.kill()
-    out, err = process.communicate()
+    native = _native_stacks(process.pid) if process.poll() is None else ""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        out, err = process.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        out, err = "", "(its output was not readable after the kill)"
     return subprocess.CompletedProcess(command, -9, out, f"{native}\n{err}\n[killed: timed out]")
 
 
@@ -407,7 +421,8 @@ def _native_stacks(pid: int) -> str:
             ["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 12"],
             capture_output=True,
             text=True,
-            timeout=60,
+            errors="replace",
+            timeout=15,
         )
     except subprocess.TimeoutExpired:
         return "(gdb timed out)"

@@ -252,6 +252,9 @@ void CommRoutes::aborting() noexcept {
   for (const auto& engine : engines_) {
     engine->drain();
   }
+  if (const auto twin = this->twin()) {
+    twin->stopKernels(); // else its frees, after the group's, wait for them
+  }
 }
 
 void CommRoutes::aborted() noexcept {

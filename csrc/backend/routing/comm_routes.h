@@ -83,7 +83,8 @@ class CommRoutes final : public CommunicatorListener,
 
   void beforeWindow(Communicator& comm, int flags) override;
   void windowRegistered(const std::shared_ptr<Window>& window) override;
-  // Drains the engines (their copies into peers' memory end first).
+  // Drains the engines (their copies into peers' memory end first) and
+  // stops the twin's kernels, whose ops a silent peer may keep running.
   void aborting() noexcept override;
   // Aborts the twin, once the group's communicator was: a twin freed first
   // waited for the group's kernels, which a silent peer kept running.
