@@ -487,7 +487,8 @@ void NcclCoreBackend::shutdown() {
     // stuck op at its timeout, so this wait is bounded.
     const auto deadline =
         std::chrono::steady_clock::now() + timeout + kShutdownSlack;
-    while (!failure_->failed() && !idleOrBroken()) {
+    bool idle = true;
+    while (!failure_->failed() && !(idle = idleOrBroken())) {
       if (std::chrono::steady_clock::now() > deadline) {
         LOG(ERROR) << "[nccl_core] group '" << *groupName_
                    << "' still has unfinished ops " << timeout.count()
@@ -497,6 +498,14 @@ void NcclCoreBackend::shutdown() {
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (idle && !failure_->failed()) {
+      // Over a network the data of an op that finished here may still be on
+      // its way to a peer: it arrives before NCCL goes.
+      comm_->flush();
+      if (const auto twin = routes_->twin()) {
+        twin->flush();
+      }
     }
   }
   teardown(c10::str("nccl_core group '", *groupName_, "' was shut down"));

@@ -35,6 +35,7 @@ NcclApi makeRealApi() {
   api.commCount = &ncclCommCount;
   api.commGetAsyncError = &ncclCommGetAsyncError;
   api.commAbort = &ncclCommAbort;
+  api.commFinalize = &ncclCommFinalize;
   api.commRegister = &ncclCommRegister;
   api.commDeregister = &ncclCommDeregister;
   api.commWindowRegister = &ncclCommWindowRegister;

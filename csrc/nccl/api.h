@@ -33,6 +33,7 @@ struct NcclApi {
   decltype(&ncclCommCount) commCount;
   decltype(&ncclCommGetAsyncError) commGetAsyncError;
   decltype(&ncclCommAbort) commAbort;
+  decltype(&ncclCommFinalize) commFinalize;
   decltype(&ncclCommRegister) commRegister;
   decltype(&ncclCommDeregister) commDeregister;
   decltype(&ncclCommWindowRegister) commWindowRegister;

@@ -5,6 +5,8 @@
 #include <c10/util/Logging.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 #include <type_traits>
 
@@ -363,6 +365,48 @@ bool Communicator::stopKernels() noexcept {
     revokeHandle();
     return true;
   } catch (const std::exception&) {
+    return false;
+  }
+}
+
+bool Communicator::flush() noexcept {
+  // NCCL's finalize also waits for the CUDA graphs that captured its work.
+  if (capturedGraphs_.live() > 0 || (!nonblocking_ && !canRevoke())) {
+    return false;
+  }
+  try {
+    const Use use(*this); // raises once aborted: nothing is left to flush
+    DeviceGuard guard(device_);
+    if (nonblocking_) {
+      const ncclResult_t started = nccl().commFinalize(use.handle());
+      if (started != ncclInProgress) {
+        return started == ncclSuccess;
+      }
+      const auto settled = pollUntilSettled();
+      return settled && *settled == ncclSuccess;
+    }
+    // A blocking finalize waits for the peers' side of each transfer: a
+    // timer revokes the communicator if they never take it.
+    std::mutex mutex;
+    std::condition_variable finished;
+    bool done = false;
+    std::thread timer([&] {
+      std::unique_lock<std::mutex> lock(mutex);
+      if (!finished.wait_for(lock, timeout(), [&] { return done; })) {
+        revokeHandle();
+      }
+    });
+    const ncclResult_t result = nccl().commFinalize(use.handle());
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      done = true;
+    }
+    finished.notify_all();
+    timer.join();
+    return result == ncclSuccess;
+  } catch (const std::exception& e) {
+    LOG(WARNING) << "[nccl_core] could not flush the NCCL communicator of "
+                 << label_ << ": " << e.what();
     return false;
   }
 }

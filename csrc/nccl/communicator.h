@@ -187,6 +187,14 @@ class Communicator final : public AllocationObserver,
   // communicator no live CUDA graph holds; false where it did nothing. It
   // takes no work after.
   bool stopKernels() noexcept;
+  // Lets this rank's proxy finish moving the data of ops its GPU finished
+  // (ncclCommFinalize): over a network a send's kernel can end while its
+  // data is still on the way, which ncclCommAbort would drop, leaving the
+  // peer a wrong result. Waited for up to the timeout, then ended with
+  // ncclCommRevoke (blocking) or left to the abort that follows; false
+  // then, where a blocking wait could not be bounded (no revoke) and while
+  // CUDA graphs that captured its work are alive (NCCL waits for them).
+  bool flush() noexcept;
   // The same, telling `instead` too: a listener that is being destroyed can
   // no longer be reached as one.
   void abort(CommunicatorListener& instead) noexcept;

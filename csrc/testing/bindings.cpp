@@ -285,6 +285,11 @@ void bindFakeNccl(py::module_& testing) {
       py::arg("comm"),
       release);
   testing.def(
+      "flush",
+      [](Communicator& comm) { return comm.flush(); },
+      py::arg("comm"),
+      release);
+  testing.def(
       "enqueue",
       [](Communicator& comm, const std::string& call) {
         // Every collective and point-to-point entry the fake scripts, with

@@ -112,6 +112,10 @@ ncclResult_t abortComm(ncclComm_t comm) {
   return ncclSuccess;
 }
 
+ncclResult_t finalizeComm(ncclComm_t comm) {
+  return Call("ncclCommFinalize", fakeOf(comm)).result;
+}
+
 ncclResult_t revokeComm(ncclComm_t comm, int /*flags*/) {
   FakeNccl::current().revoke(fakeOf(comm));
   return ncclSuccess;
@@ -225,6 +229,7 @@ FakeNccl::FakeNccl(bool realCuda, bool revoke) {
   table_.commCount = &count;
   table_.commGetAsyncError = &asyncError;
   table_.commAbort = &abortComm;
+  table_.commFinalize = &finalizeComm;
   table_.commRevoke = revoke ? &revokeComm : nullptr;
   table_.groupStart = &group;
   table_.groupEnd = &group;

@@ -327,3 +327,29 @@ def test_watchdog_poll_racing_an_abort_stays_off_the_freed_communicator(fake):
     time.sleep(0.2)  # a few more watchdog polls after the abort
     dog.stop()
     assert fake.calls("ncclCommAbort") == 1
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_flush_finalizes_before_the_abort_frees(fake, blocking):
+    """A clean shutdown lets NCCL's proxy deliver what finished ops still move (ncclCommFinalize),
+    then frees the communicator."""
+    comm = testing.create_communicator(2, 0, timedelta(seconds=5), blocking, "group 'g'")
+    assert testing.flush(comm) is True
+    testing.abort(comm)
+    assert fake.calls("ncclCommFinalize") == 1 and fake.calls("ncclCommAbort") == 1
+    assert fake.calls("ncclCommRevoke") == 0
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_a_flush_a_peer_never_takes_ends_at_the_timeout(fake, blocking):
+    comm = testing.create_communicator(2, 0, timedelta(milliseconds=300), blocking, "group 'g'")
+    fake.hold("ncclCommFinalize")
+    start = time.monotonic()
+    flushed = testing.flush(comm)
+    elapsed = time.monotonic() - start
+    fake.release("ncclCommFinalize")
+    testing.abort(comm)
+    assert flushed is False and 0.25 < elapsed < 2.0, elapsed
+    # A blocking finalize is ended by revoking the communicator; a nonblocking one by the abort.
+    assert fake.calls("ncclCommRevoke") == (1 if blocking else 0)
+    assert fake.calls("ncclCommAbort") == 1

@@ -21,6 +21,7 @@ NCCL_2_28_SYMBOLS_USED = {
     "ncclCommAbort",
     "ncclCommCount",
     "ncclCommDeregister",
+    "ncclCommFinalize",
     "ncclCommGetAsyncError",
     "ncclCommInitRankConfig",
     "ncclCommRegister",
