@@ -212,7 +212,9 @@ HOST_CALL_CASES = [(call, how) for call in HOST_CALLS for how in ("abort", "time
 
 
 @pytest.mark.timeout(150, method="thread")
-@pytest.mark.parametrize(("call", "how"), HOST_CALL_CASES, ids="-".join)
+@pytest.mark.parametrize(
+    ("call", "how"), HOST_CALL_CASES, ids=[f"{c}-{h}" for c, h in HOST_CALL_CASES]
+)
 def test_abort_under_a_collective_host_call_raises(rank, call, how):
     """Was: the abort freed the communicator under the thread inside NCCL (a crash), or nothing
     ended the call (a hang). Now: that call raises DistBackendError, destroy returns, exit 0."""
