@@ -261,11 +261,7 @@ void NcclCoreBackend::runOneSided(
           ? c10::cuda::getDefaultCUDAStream(device.index())
           : c10::cuda::getStreamFromExternal(stream, device.index()));
   launch(
-      c10d::OpType::UNKNOWN,
-      name,
-      device,
-      /*asyncOp=*/false,
-      c10d::kUnsetTimeout,
+      OpCall{c10d::OpType::UNKNOWN, name, device, false, c10d::kUnsetTimeout},
       {},
       {},
       [&](ncclComm_t, cudaStream_t) {

@@ -43,6 +43,27 @@ struct GroupOptions : c10d::Backend::Options {
 // The NCCL calls of one op, given the communicator's handle and the stream.
 using EnqueueFn = c10::function_ref<ncclResult_t(ncclComm_t, cudaStream_t)>;
 
+// What an op is, for launch(): its c10d type and name, the device it runs
+// on, whether the caller gets async Work (else the lean synchronous path) and
+// its timeout (kUnsetTimeout: the group's).
+struct OpCall {
+  c10d::OpType type;
+  const char* name;
+  at::Device device;
+  bool asyncOp;
+  std::chrono::milliseconds timeout;
+
+  // An op with c10d options `opts` (asyncOp, timeout) on `tensor`'s device.
+  template <typename Opts>
+  static OpCall
+  of(c10d::OpType type,
+     const char* name,
+     const at::Tensor& tensor,
+     const Opts& opts) {
+    return {type, name, tensor.device(), opts.asyncOp, opts.timeout};
+  }
+};
+
 // How launch() may run an op beyond the defaults.
 struct LaunchOptions {
   bool blocksHost = false; // wait() blocks the host (barrier)
@@ -324,21 +345,14 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   // stream after the current one, with the tensors kept alive until the op
   // completes.
   c10::intrusive_ptr<c10d::Work> launch(
-      c10d::OpType type,
-      const char* name,
-      at::Device device,
-      bool asyncOp,
-      std::chrono::milliseconds timeout,
+      const OpCall& call,
       std::vector<at::Tensor> outputs,
       std::vector<at::Tensor> inputs,
       EnqueueFn enqueue,
       LaunchOptions launchOptions = {});
   // Routes the op (one look at its tensors) and numbers it.
   OpPlan prepare(
-      c10d::OpType type,
-      const char* name,
-      at::Device device,
-      std::chrono::milliseconds timeout,
+      const OpCall& call,
       const std::vector<at::Tensor>& outputs,
       const std::vector<at::Tensor>& inputs,
       LaunchOptions launchOptions);

@@ -77,30 +77,25 @@ void enqueueChecked(
 } // namespace
 
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
-    c10d::OpType type,
-    const char* name,
-    at::Device device,
-    bool asyncOp,
-    std::chrono::milliseconds timeout,
+    const OpCall& call,
     std::vector<at::Tensor> outputs,
     std::vector<at::Tensor> inputs,
     EnqueueFn enqueue,
     LaunchOptions launchOptions) {
   // Every CUDA and NCCL call of the op on its communicator's device, whatever
   // the caller's current device is.
-  const c10::cuda::CUDAGuard deviceGuard(device);
+  const c10::cuda::CUDAGuard deviceGuard(call.device);
   if (nanCheck_ && launchOptions.sendsData &&
-      !isCapturing(c10::cuda::getCurrentCUDAStream(device.index()))) {
+      !isCapturing(c10::cuda::getCurrentCUDAStream(call.device.index()))) {
     refuseNan(
-        name, sentTensors(type, outputs, inputs)); // before it is numbered
+        call.name, sentTensors(call.type, outputs, inputs)); // before numbering
   }
-  OpPlan plan =
-      prepare(type, name, device, timeout, outputs, inputs, launchOptions);
+  OpPlan plan = prepare(call, outputs, inputs, launchOptions);
   // From here on under the op's profiler range: registration can take long.
   const OpProfile profile(
       plan.info, *groupName_, getRank(), getSize(), inputs, outputs);
   beforeEnqueue(plan);
-  const bool sync = !coalescing_ && !asyncOp && !launchOptions.blocksHost;
+  const bool sync = !coalescing_ && !call.asyncOp && !launchOptions.blocksHost;
   // A captured op runs when the graph is replayed, untracked. One-sided ops
   // stay out, as the Communicator API's do: torch's analyzer pairs
   // point-to-point entries as sends and receives.
@@ -109,7 +104,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
         traceGroup_,
         getGroupDesc(),
         TracedOp{
-            name,
+            call.name,
             plan.info.seq,
             sync,
             plan.timeout,
@@ -133,10 +128,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
 }
 
 OpPlan NcclCoreBackend::prepare(
-    c10d::OpType type,
-    const char* name,
-    at::Device device,
-    std::chrono::milliseconds timeout,
+    const OpCall& call,
     const std::vector<at::Tensor>& outputs,
     const std::vector<at::Tensor>& inputs,
     LaunchOptions launchOptions) {
@@ -145,16 +137,17 @@ OpPlan NcclCoreBackend::prepare(
     C10_THROW_ERROR(
         DistBackendError,
         c10::str(
-            opLabel(name, std::nullopt, launchOptions.oneSided, *groupName_),
+            opLabel(
+                call.name, std::nullopt, launchOptions.oneSided, *groupName_),
             ": ",
             failure_->message()));
   }
   const c10::cuda::CUDAStream current =
-      c10::cuda::getCurrentCUDAStream(device.index());
+      c10::cuda::getCurrentCUDAStream(call.device.index());
   const bool capturing = isCapturing(current.stream());
   Route route = routes_->route(
       RouteQuery{
-          type,
+          call.type,
           outputs,
           inputs,
           launchOptions.routable,
@@ -163,10 +156,10 @@ OpPlan NcclCoreBackend::prepare(
           coalescing_});
   const SyncOpDetail* oneSided = launchOptions.oneSided;
   return OpPlan{
-      OpInfo{type, name, ++seq_, oneSided && oneSided->waitsOnPeers},
+      OpInfo{call.type, call.name, ++seq_, oneSided && oneSided->waitsOnPeers},
       std::move(route),
-      device,
-      (timeout == c10d::kUnsetTimeout ? timeout_.load() : timeout) +
+      call.device,
+      (call.timeout == c10d::kUnsetTimeout ? timeout_.load() : call.timeout) +
           ephemeral_->active(),
       current,
       capturing,

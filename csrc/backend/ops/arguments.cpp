@@ -75,14 +75,19 @@ const at::Tensor& singleTensor(
   return tensors[0];
 }
 
-void checkSameDtype(const at::Tensor& a, const at::Tensor& b, const char* op) {
+void checkOutput(
+    const at::Tensor& output,
+    const at::Tensor& input,
+    c10::DeviceIndex device,
+    const char* op) {
+  checkTensor(output, device, op, "output");
   NCCL_CORE_CHECK_ARG_TYPE(
-      a.scalar_type() == b.scalar_type(),
+      input.scalar_type() == output.scalar_type(),
       op,
       "input and output dtypes differ (",
-      a.scalar_type(),
+      input.scalar_type(),
       " vs ",
-      b.scalar_type(),
+      output.scalar_type(),
       ")");
 }
 

@@ -36,7 +36,13 @@ const at::Tensor& singleTensor(
     const char* op,
     const char* what);
 
-void checkSameDtype(const at::Tensor& a, const at::Tensor& b, const char* op);
+// The output of an op that reads `input`: checked as checkTensor does, and of
+// the input's dtype.
+void checkOutput(
+    const at::Tensor& output,
+    const at::Tensor& input,
+    c10::DeviceIndex device,
+    const char* op);
 
 // One entry per rank in `list` (e.g. all_gather outputs), each checked and of
 // `dtype`.

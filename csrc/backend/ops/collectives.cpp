@@ -64,11 +64,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::broadcast(
   LaunchOptions options = LaunchOptions::routed();
   options.sendsData = getRank() == root;
   return launch(
-      c10d::OpType::BROADCAST,
-      kOp,
-      tensor.device(),
-      opts.asyncOp,
-      opts.timeout,
+      OpCall::of(c10d::OpType::BROADCAST, kOp, tensor, opts),
       {tensor},
       {},
       [&](ncclComm_t comm, cudaStream_t stream) {
@@ -90,11 +86,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce(
   const LaunchOptions options =
       LaunchOptions::reducing(opts.reduceOp, op.isBuiltin());
   return launch(
-      c10d::OpType::ALLREDUCE,
-      kOp,
-      tensor.device(),
-      opts.asyncOp,
-      opts.timeout,
+      OpCall::of(c10d::OpType::ALLREDUCE, kOp, tensor, opts),
       {tensor},
       withFactor({}, op),
       [&](ncclComm_t comm, cudaStream_t stream) {
@@ -125,11 +117,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce_coalesced(
     factors = withFactor(std::move(factors), *ops.back());
   }
   return launch(
-      c10d::OpType::ALLREDUCE_COALESCED,
-      kOp,
-      tensors.front().device(),
-      opts.asyncOp,
-      opts.timeout,
+      OpCall::of(c10d::OpType::ALLREDUCE_COALESCED, kOp, tensors.front(), opts),
       tensors,
       factors,
       [&](ncclComm_t comm, cudaStream_t stream) {
@@ -162,11 +150,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce(
   const NcclReduceOp op(opts.reduceOp, tensor, *comm_, kOp);
   const int root = static_cast<int>(opts.rootRank);
   return launch(
-      c10d::OpType::REDUCE,
-      kOp,
-      tensor.device(),
-      opts.asyncOp,
-      opts.timeout,
+      OpCall::of(c10d::OpType::REDUCE, kOp, tensor, opts),
       {tensor},
       withFactor({}, op),
       [&](ncclComm_t comm, cudaStream_t stream) {
@@ -202,11 +186,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather(
   // One broadcast per rank in a group: also gathers tensors of different
   // sizes per rank.
   return launch(
-      c10d::OpType::ALLGATHER,
-      kOp,
-      input.device(),
-      opts.asyncOp,
-      opts.timeout,
+      OpCall::of(c10d::OpType::ALLGATHER, kOp, input, opts),
       list,
       {input},
       [&](ncclComm_t comm, cudaStream_t stream) {
@@ -229,17 +209,12 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::_allgather_base(
   const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "allgather_into_tensor";
   const c10::DeviceIndex device = deviceForOp(input, kOp, "input");
-  checkTensor(output, device, kOp, "output");
-  checkSameDtype(input, output, kOp);
+  checkOutput(output, input, device, kOp);
   checkNumel(output, input.numel() * getSize(), kOp, "output");
   const NcclBuffer in = bytesOf(input);
   void* out = output.data_ptr();
   return launch(
-      c10d::OpType::_ALLGATHER_BASE,
-      kOp,
-      input.device(),
-      opts.asyncOp,
-      opts.timeout,
+      OpCall::of(c10d::OpType::_ALLGATHER_BASE, kOp, input, opts),
       {output},
       {input},
       [&](ncclComm_t comm, cudaStream_t stream) {
@@ -273,18 +248,13 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather_coalesced(
           inputs.size(),
           " tensors, got ",
           list.size());
-      checkTensor(list[i], device, kOp, "output");
-      checkSameDtype(inputs[i], list[i], kOp);
+      checkOutput(list[i], inputs[i], device, kOp);
       checkNumel(list[i], inputs[i].numel(), kOp, "output");
       outputs.push_back(list[i]);
     }
   }
   return launch(
-      c10d::OpType::ALLGATHER_COALESCED,
-      kOp,
-      inputs.front().device(),
-      opts.asyncOp,
-      opts.timeout,
+      OpCall::of(c10d::OpType::ALLGATHER_COALESCED, kOp, inputs.front(), opts),
       outputs,
       inputs,
       [&](ncclComm_t comm, cudaStream_t stream) {
@@ -317,16 +287,11 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather_into_tensor_coalesced(
       inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     const c10::DeviceIndex device = deviceForOp(inputs[i], kOp, "input");
-    checkTensor(outputs[i], device, kOp, "output");
-    checkSameDtype(inputs[i], outputs[i], kOp);
+    checkOutput(outputs[i], inputs[i], device, kOp);
     checkNumel(outputs[i], inputs[i].numel() * getSize(), kOp, "output");
   }
   return launch(
-      c10d::OpType::COALESCED,
-      kOp,
-      inputs.front().device(),
-      opts.asyncOp,
-      opts.timeout,
+      OpCall::of(c10d::OpType::COALESCED, kOp, inputs.front(), opts),
       outputs,
       inputs,
       [&](ncclComm_t comm, cudaStream_t stream) {
@@ -364,11 +329,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter(
   const NcclReduceOp op(opts.reduceOp, output, *comm_, kOp);
   // One reduce per rank in a group: also handles sizes that differ per rank.
   return launch(
-      c10d::OpType::REDUCE_SCATTER,
-      kOp,
-      output.device(),
-      opts.asyncOp,
-      opts.timeout,
+      OpCall::of(c10d::OpType::REDUCE_SCATTER, kOp, output, opts),
       {output},
       withFactor(list, op),
       [&](ncclComm_t comm, cudaStream_t stream) {
@@ -397,8 +358,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::_reduce_scatter_base(
   const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "reduce_scatter_tensor";
   const c10::DeviceIndex device = deviceForOp(input, kOp, "input");
-  checkTensor(output, device, kOp, "output");
-  checkSameDtype(input, output, kOp);
+  checkOutput(output, input, device, kOp);
   checkNumel(input, output.numel() * getSize(), kOp, "input");
   const NcclBuffer out = bufferOf(output, kOp);
   void* in = input.data_ptr();
@@ -406,11 +366,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::_reduce_scatter_base(
   const LaunchOptions options =
       LaunchOptions::reducing(opts.reduceOp, op.isBuiltin());
   return launch(
-      c10d::OpType::_REDUCE_SCATTER_BASE,
-      kOp,
-      input.device(),
-      opts.asyncOp,
-      opts.timeout,
+      OpCall::of(c10d::OpType::_REDUCE_SCATTER_BASE, kOp, input, opts),
       {output},
       withFactor({input}, op),
       [&](ncclComm_t comm, cudaStream_t stream) {
@@ -437,8 +393,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter_tensor_coalesced(
   std::vector<at::Tensor> stash = inputs;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const c10::DeviceIndex device = deviceForOp(inputs[i], kOp, "input");
-    checkTensor(outputs[i], device, kOp, "output");
-    checkSameDtype(inputs[i], outputs[i], kOp);
+    checkOutput(outputs[i], inputs[i], device, kOp);
     checkNumel(inputs[i], outputs[i].numel() * getSize(), kOp, "input");
     bufferOf(outputs[i], kOp); // dtype check before any NCCL call
     ops.push_back(
@@ -446,11 +401,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter_tensor_coalesced(
     stash = withFactor(std::move(stash), *ops.back());
   }
   return launch(
-      c10d::OpType::COALESCED,
-      kOp,
-      inputs.front().device(),
-      opts.asyncOp,
-      opts.timeout,
+      OpCall::of(c10d::OpType::COALESCED, kOp, inputs.front(), opts),
       outputs,
       stash,
       [&](ncclComm_t comm, cudaStream_t stream) {
@@ -487,11 +438,7 @@ NcclCoreBackend::barrier(const c10d::BarrierOptions& opts) {
   void* token = barrierToken_.data_ptr();
   // wait() on a barrier blocks the host until every rank has arrived.
   return launch(
-      c10d::OpType::BARRIER,
-      "barrier",
-      device,
-      true,
-      opts.timeout,
+      OpCall{c10d::OpType::BARRIER, "barrier", device, true, opts.timeout},
       {},
       {barrierToken_},
       [&](ncclComm_t comm, cudaStream_t stream) {

@@ -207,11 +207,8 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::send(
       " is this rank; a send to itself needs its matching recv in the same "
       "batch_isend_irecv");
   return launch(
-      c10d::OpType::SEND,
-      kOp,
-      tensor.device(),
-      true,
-      c10d::kUnsetTimeout,
+      OpCall{
+          c10d::OpType::SEND, kOp, tensor.device(), true, c10d::kUnsetTimeout},
       {},
       {tensor},
       [&](ncclComm_t comm, cudaStream_t stream) {
@@ -239,11 +236,8 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::recv(
       " is this rank; a recv to itself needs its matching send in the same "
       "batch_isend_irecv");
   return launch(
-      c10d::OpType::RECV,
-      kOp,
-      tensor.device(),
-      true,
-      c10d::kUnsetTimeout,
+      OpCall{
+          c10d::OpType::RECV, kOp, tensor.device(), true, c10d::kUnsetTimeout},
       {tensor},
       {},
       [&](ncclComm_t comm, cudaStream_t stream) {
@@ -280,11 +274,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::gather(
       input,
       /*toRoot=*/true};
   return launch(
-      c10d::OpType::GATHER,
-      kOp,
-      input.device(),
-      opts.asyncOp,
-      opts.timeout,
+      OpCall::of(c10d::OpType::GATHER, kOp, input, opts),
       exchange.list,
       {input},
       [&](ncclComm_t comm, cudaStream_t stream) {
@@ -309,11 +299,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::scatter(
       output,
       /*toRoot=*/false};
   return launch(
-      c10d::OpType::SCATTER,
-      kOp,
-      output.device(),
-      opts.asyncOp,
-      opts.timeout,
+      OpCall::of(c10d::OpType::SCATTER, kOp, output, opts),
       {output},
       exchange.list,
       [&](ncclComm_t comm, cudaStream_t stream) {
@@ -330,19 +316,14 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::alltoall_base(
   const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "alltoall_base";
   const c10::DeviceIndex device = deviceForOp(input, kOp, "input");
-  checkTensor(output, device, kOp, "output");
-  checkSameDtype(input, output, kOp);
+  checkOutput(output, input, device, kOp);
   const std::vector<int64_t> sendCounts =
       splitCounts(input, inputSplits, getSize(), "input");
   const std::vector<int64_t> recvCounts =
       splitCounts(output, outputSplits, getSize(), "output");
   const size_t elem = input.element_size();
   return launch(
-      c10d::OpType::ALLTOALL_BASE,
-      kOp,
-      input.device(),
-      opts.asyncOp,
-      opts.timeout,
+      OpCall::of(c10d::OpType::ALLTOALL_BASE, kOp, input, opts),
       {output},
       {input},
       [&](ncclComm_t comm, cudaStream_t stream) {
@@ -373,11 +354,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::alltoall(
   checkPerRankList(inputs, getSize(), device, dtype, kOp, "input list");
   checkPerRankList(outputs, getSize(), device, dtype, kOp, "output list");
   return launch(
-      c10d::OpType::ALLTOALL,
-      kOp,
-      inputs.front().device(),
-      opts.asyncOp,
-      opts.timeout,
+      OpCall::of(c10d::OpType::ALLTOALL, kOp, inputs.front(), opts),
       outputs,
       inputs,
       [&](ncclComm_t comm, cudaStream_t stream) {

@@ -41,11 +41,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::runWindowOp(
   LaunchOptions options = LaunchOptions::withPeer(peer);
   options.oneSided = &detail;
   return launch(
-      c10d::OpType::UNKNOWN,
-      name,
-      device,
-      asyncOp,
-      timeout,
+      OpCall{c10d::OpType::UNKNOWN, name, device, asyncOp, timeout},
       {},
       std::move(inputs),
       [&](ncclComm_t, cudaStream_t stream) {
