@@ -67,9 +67,8 @@ void enqueueChecked(
   } catch (const c10::DistBackendError& e) {
     C10_THROW_ERROR(
         DistBackendError,
-        c10::str(
+        opFailure(
             opLabel(plan.info.name, plan.info.seq, plan.oneSided, group),
-            " failed: ",
             failure.failed() ? failure.message() : e.what_without_backtrace()));
   }
 }

@@ -342,6 +342,12 @@ void bindFakeNccl(py::module_& testing) {
       release,
       "Communicator::check, called from here (the caller it names).");
   testing.def(
+      "op_failure",
+      &opFailure,
+      py::arg("label"),
+      py::arg("cause"),
+      "What an op that failed because of `cause` reports (failure.h).");
+  testing.def(
       "set_timeout",
       [](Communicator& comm, std::chrono::milliseconds timeout) {
         comm.setTimeout(timeout);

@@ -353,3 +353,55 @@ def test_a_flush_a_peer_never_takes_ends_at_the_timeout(fake, blocking):
     # A blocking finalize is ended by revoking the communicator; a nonblocking one by the abort.
     assert fake.calls("ncclCommRevoke") == (1 if blocking else 0)
     assert fake.calls("ncclCommAbort") == 1
+
+
+@pytest.mark.parametrize(
+    ("label", "cause", "expected"),
+    [
+        # The group failed at this very op (the watchdog named it): said once, not twice.
+        (
+            "nccl_core allreduce (seq 16) on group '0'",
+            "nccl_core allreduce (seq 16) on group '0' failed: ncclRemoteError",
+            "nccl_core allreduce (seq 16) on group '0' failed: ncclRemoteError",
+        ),
+        (
+            "nccl_core allreduce (seq 16) on group '0'",
+            "nccl_core synchronous allreduce (seq 16) on group '0' failed: timeout",
+            "nccl_core synchronous allreduce (seq 16) on group '0' failed: timeout",
+        ),
+        (
+            "nccl_core put_signal (seq 3, peer 1) on group 'g'",
+            "nccl_core synchronous put_signal (seq 3, peer 1) on group 'g' failed: x",
+            "nccl_core synchronous put_signal (seq 3, peer 1) on group 'g' failed: x",
+        ),
+        # Another op, number or group: this op's failure, then its cause.
+        (
+            "nccl_core allreduce (seq 17) on group '0'",
+            "nccl_core allreduce (seq 16) on group '0' failed: x",
+            "nccl_core allreduce (seq 17) on group '0' failed: "
+            "nccl_core allreduce (seq 16) on group '0' failed: x",
+        ),
+        (
+            "nccl_core allreduce (seq 1) on group '0'",
+            "nccl_core allreduce (seq 16) on group '0' failed: x",
+            "nccl_core allreduce (seq 1) on group '0' failed: "
+            "nccl_core allreduce (seq 16) on group '0' failed: x",
+        ),
+        (
+            "nccl_core allreduce (seq 16) on group '1'",
+            "nccl_core allreduce (seq 16) on group '0' failed: x",
+            "nccl_core allreduce (seq 16) on group '1' failed: "
+            "nccl_core allreduce (seq 16) on group '0' failed: x",
+        ),
+        (
+            "nccl_core allreduce (seq 16) on group '0'",
+            "group '0' failed while no op was in flight: x",
+            "nccl_core allreduce (seq 16) on group '0' failed: "
+            "group '0' failed while no op was in flight: x",
+        ),
+    ],
+)
+def test_an_op_that_failed_with_its_group_is_named_once(label, cause, expected):
+    """Was: "nccl_core allreduce (seq 16) on group '0' failed: nccl_core allreduce (seq 16) on
+    group '0' failed: NCCL reported ..." where the watchdog had failed the group at that op."""
+    assert testing.op_failure(label, cause) == expected

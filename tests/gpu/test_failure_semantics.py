@@ -273,6 +273,8 @@ def survivor_of_a_kill(rank: int, name: str, world: int) -> dict | None:
     report = json.loads(child.stdout.strip().splitlines()[-1])
     error = report["error"] or ""
     assert re.search(r"nccl_core (synchronous )?allreduce \(seq \d+\) on group '0'", error), report
+    named = re.findall(r"\(seq (\d+)\) on group '0'", error)
+    assert len(named) == len(set(named)), f"an op named twice: {error}"
     assert report["error_s"] <= report["timeout_s"] + SLACK_S, report
     return report
 

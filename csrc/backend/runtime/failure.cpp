@@ -1,6 +1,7 @@
 #include "backend/runtime/failure.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 
 namespace nccl_core {
 
@@ -21,6 +22,31 @@ std::string FailureState::message() const {
 
 void FailureState::raise() const {
   C10_THROW_ERROR(DistBackendError, message());
+}
+
+std::string opFailure(const std::string& label, const std::string& cause) {
+  // The op's number and group as every label spells them ("(seq 16" then
+  // ", peer 1" or ")", and " on group 'g'"), whether or not the cause calls
+  // it synchronous.
+  const std::string causeOp = cause.substr(0, cause.find(" failed: "));
+  const size_t seq = label.find("(seq ");
+  const size_t group = label.rfind(" on group '");
+  if (seq != std::string::npos && group != std::string::npos &&
+      causeOp.size() != cause.size()) {
+    const std::string number =
+        label.substr(seq, label.find_first_of(",)", seq) - seq);
+    const std::string onGroup = label.substr(group);
+    const size_t at = causeOp.find(number);
+    const size_t end = at + number.size();
+    if (at != std::string::npos && end < causeOp.size() &&
+        (causeOp[end] == ')' || causeOp[end] == ',') &&
+        causeOp.size() >= onGroup.size() &&
+        causeOp.compare(
+            causeOp.size() - onGroup.size(), onGroup.size(), onGroup) == 0) {
+      return cause;
+    }
+  }
+  return c10::str(label, " failed: ", cause);
 }
 
 } // namespace nccl_core

@@ -11,6 +11,11 @@
 
 namespace nccl_core {
 
+// What an op that failed because of `cause` reports: "<label> failed:
+// <cause>", or `cause` alone where it already says that of this op (the
+// group failed at this very op).
+std::string opFailure(const std::string& label, const std::string& cause);
+
 class FailureState {
  public:
   bool failed() const {

@@ -201,7 +201,7 @@ std::string NcclWork::describe() const {
 }
 
 void NcclWork::markFailed(const std::string& message) {
-  failure_.set(c10::str(describe(), " failed: ", message));
+  failure_.set(opFailure(describe(), message));
 }
 
 void NcclWork::releaseStash() {
