@@ -400,7 +400,25 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::endCoalescing() {
   if (capturing) {
     comm_->noteCapture(stream_->stream()); // before NCCL makes the plan
   }
-  comm_->check(nccl().groupEnd(), "ncclGroupEnd");
+  try { // the block's ops are enqueued here: timed as enqueueChecked does
+    std::optional<Watchdog::Enqueueing> timed;
+    if (!capturing) {
+      timed.emplace(
+          *watchdog_, info.name, seq_, timeout_.load() + ephemeral_->active());
+    }
+    const Communicator::HostCall call(*comm_);
+    comm_->check(nccl().groupEnd(), "ncclGroupEnd");
+  } catch (const c10::DistBackendError& e) {
+    raiseOpFailure(
+        c10::str(
+            "nccl_core coalesced (seq ",
+            seq_,
+            ") on group '",
+            *groupName_,
+            "'"),
+        *failure_,
+        e);
+  }
   std::unique_ptr<OpTiming> timing = std::move(coalescedTiming_);
   if (timing) {
     timing->end.record(*stream_);

@@ -39,19 +39,26 @@ std::string opLabel(
       "'");
 }
 
-// Runs an op's NCCL calls on the route's communicator, inside its abort
-// fence, or an engine's in their place; a failure raises DistBackendError
-// naming the op, its sequence number and its group, and the group's failure
-// where the op failed because the group did.
+// Runs an op's NCCL calls on the route's communicator, or an engine's in
+// their place, as a host call the watchdog times (an abort revokes the
+// communicator under it: NCCL may wait there for peers); a failure raises
+// DistBackendError naming the op, its sequence number and its group, and the
+// group's failure where the op failed because the group did.
 void enqueueChecked(
     const OpPlan& plan,
     const std::string& group,
     const FailureState& failure,
+    Watchdog& watchdog,
     EnqueueFn enqueue,
     const c10::cuda::CUDAStream& stream,
     OpTiming* timing = nullptr) {
   try {
-    const Communicator::Use use = plan.route.comm.use();
+    // Captured, NCCL only records the op: the watchdog stays out of a capture.
+    std::optional<Watchdog::Enqueueing> timed;
+    if (!plan.capturing) {
+      timed.emplace(watchdog, plan.info.name, plan.info.seq, plan.timeout);
+    }
+    const Communicator::HostCall call(plan.route.comm);
     if (timing) {
       timing->start.record(stream);
     }
@@ -59,21 +66,32 @@ void enqueueChecked(
       plan.route.engine(stream.stream());
     } else {
       plan.route.comm.check(
-          enqueue(use.handle(), stream.stream()), plan.info.name);
+          enqueue(call.handle(), stream.stream()), plan.info.name);
     }
     if (timing) {
       timing->end.record(stream);
     }
   } catch (const c10::DistBackendError& e) {
-    C10_THROW_ERROR(
-        DistBackendError,
-        opFailure(
-            opLabel(plan.info.name, plan.info.seq, plan.oneSided, group),
-            failure.failed() ? failure.message() : e.what_without_backtrace()));
+    raiseOpFailure(
+        opLabel(plan.info.name, plan.info.seq, plan.oneSided, group),
+        failure,
+        e);
   }
 }
 
 } // namespace
+
+void raiseOpFailure(
+    const std::string& label,
+    const FailureState& failure,
+    const c10::DistBackendError& error) {
+  C10_THROW_ERROR(
+      DistBackendError,
+      opFailure(
+          label,
+          failure.failed() ? failure.message()
+                           : error.what_without_backtrace()));
+}
 
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
     const OpCall& call,
@@ -190,7 +208,13 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::runSync(
   // Lean path: the caller's stream already orders everything.
   std::unique_ptr<OpTiming> timing = timingFor(plan);
   enqueueChecked(
-      plan, *groupName_, *failure_, enqueue, plan.current, timing.get());
+      plan,
+      *groupName_,
+      *failure_,
+      *watchdog_,
+      enqueue,
+      plan.current,
+      timing.get());
   if (!plan.capturing) {
     watchdog_->noteSyncOp(
         plan.current.stream(), plan.info.name, plan.info.seq, plan.oneSided);
@@ -278,7 +302,8 @@ void NcclCoreBackend::enqueueOnInternalStream(
     OpTiming* timing) {
   // Temporaries made while enqueueing belong to the internal stream.
   const c10::cuda::CUDAStreamGuard guard(*stream_);
-  enqueueChecked(plan, *groupName_, *failure_, enqueue, *stream_, timing);
+  enqueueChecked(
+      plan, *groupName_, *failure_, *watchdog_, enqueue, *stream_, timing);
 }
 
 std::unique_ptr<OpTiming> NcclCoreBackend::timingFor(const OpPlan& plan) const {

@@ -17,6 +17,13 @@ inline bool isCapturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
+// Raises DistBackendError for the op `label` names, which failed with
+// `error`: the group's failure where it has one, else `error`.
+[[noreturn]] void raiseOpFailure(
+    const std::string& label,
+    const FailureState& failure,
+    const c10::DistBackendError& error);
+
 // An NCCL group that is closed on every exit path.
 class NcclGroup {
  public:

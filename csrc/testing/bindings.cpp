@@ -109,7 +109,8 @@ class WatchdogUnderTest {
       std::string group,
       std::string abortKey,
       std::chrono::milliseconds timeout)
-      : failure_(std::make_shared<FailureState>()),
+      : comm_(comm),
+        failure_(std::make_shared<FailureState>()),
         watchdog_(
             std::move(comm),
             failure_,
@@ -127,6 +128,16 @@ class WatchdogUnderTest {
   }
   void stop() {
     watchdog_.stop();
+  }
+  // An all_reduce enqueued on the communicator as launch() enqueues an op: a
+  // host call the watchdog times. The fake NCCL may hold it there.
+  void enqueueAllReduce(uint64_t seq, std::chrono::milliseconds timeout) {
+    const Watchdog::Enqueueing timed(watchdog_, "allreduce", seq, timeout);
+    const Communicator::HostCall call(*comm_);
+    comm_->check(
+        nccl().allReduce(
+            nullptr, nullptr, 0, ncclFloat, ncclSum, call.handle(), nullptr),
+        "ncclAllReduce");
   }
   void addAbortHook(int64_t id, std::function<void()> hook) {
     hooks_->abort.add(id, std::move(hook));
@@ -170,6 +181,7 @@ class WatchdogUnderTest {
 #endif
 
  private:
+  const std::shared_ptr<Communicator> comm_;
   std::shared_ptr<FailureState> failure_;
   std::shared_ptr<BackendHooks> hooks_ = std::make_shared<BackendHooks>();
   std::shared_ptr<EphemeralTimeouts> ephemeral_ =
@@ -395,6 +407,12 @@ void bindFakeNccl(py::module_& testing) {
           py::arg("id"),
           py::arg("hook"))
 #endif
+      .def(
+          "enqueue_all_reduce",
+          &WatchdogUnderTest::enqueueAllReduce,
+          py::arg("seq"),
+          py::arg("timeout"),
+          release)
       .def("stop", &WatchdogUnderTest::stop, release);
 }
 

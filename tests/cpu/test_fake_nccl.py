@@ -233,6 +233,43 @@ def test_an_asynchronous_error_while_idle_fails_the_group_quietly(fake, capfd):
     assert "[nccl_core]" not in capfd.readouterr().err
 
 
+def test_an_op_held_in_nccls_enqueue_times_out_and_the_abort_ends_it(fake, capfd):
+    """NCCL connects peers at an algorithm's first use, inside the op's enqueue on the host; a
+    blocking communicator waits there for peers that never join. Was: the watchdog timed ops
+    only once enqueued, so the op hung for ever (4 ranks sharing a GPU, a lonely all_reduce)."""
+    comm = create(blocking=True)
+    store = dist.HashStore()
+    dog = watchdog(comm, store)
+    fake.hold("ncclAllReduce")
+    start = time.monotonic()
+    thread, outcome = in_thread(lambda: dog.enqueue_all_reduce(7, timedelta(seconds=0.3)))
+    thread.join(timeout=5)
+    elapsed = time.monotonic() - start
+    fake.release("ncclAllReduce")
+    assert not thread.is_alive(), "the enqueue was left blocked"
+    assert 0.3 <= elapsed < 1.5
+    assert isinstance(outcome.get("error"), dist.DistBackendError), outcome
+    assert "nccl_core allreduce (seq 7) on group 'g' has been in NCCL's enqueue" in dog.failure
+    assert fake.calls("ncclCommRevoke") == 1 and fake.calls("ncclCommAbort") == 1
+    assert store.check(["abort-key"])  # the peers are told
+    dog.stop()
+    assert "has been in NCCL's enqueue" in capfd.readouterr().err
+
+
+def test_an_op_that_leaves_nccls_enqueue_in_time_is_not_timed_out(fake):
+    comm = create(blocking=True)
+    dog = watchdog(comm, dist.HashStore())
+    fake.hold("ncclAllReduce")
+    thread, outcome = in_thread(lambda: dog.enqueue_all_reduce(7, timedelta(seconds=1)))
+    time.sleep(0.3)
+    fake.release("ncclAllReduce")
+    thread.join(timeout=5)
+    time.sleep(1.2)  # past the timeout: the op left the enqueue, nothing is timed any more
+    assert outcome.get("error") is None, outcome
+    assert dog.failure is None and fake.calls("ncclCommAbort") == 0
+    dog.stop()
+
+
 def test_watchdog_follows_a_peers_abort(fake):
     comm = create()
     store = dist.HashStore()
@@ -373,6 +410,13 @@ def test_a_flush_a_peer_never_takes_ends_at_the_timeout(fake, blocking):
             "nccl_core put_signal (seq 3, peer 1) on group 'g'",
             "nccl_core synchronous put_signal (seq 3, peer 1) on group 'g' failed: x",
             "nccl_core synchronous put_signal (seq 3, peer 1) on group 'g' failed: x",
+        ),
+        (
+            "nccl_core allreduce (seq 5) on group 'g'",
+            "Watchdog caught collective operation timeout: nccl_core allreduce (seq 5) on group "
+            "'g' has been in NCCL's enqueue for at least 5001 ms",
+            "Watchdog caught collective operation timeout: nccl_core allreduce (seq 5) on group "
+            "'g' has been in NCCL's enqueue for at least 5001 ms",
         ),
         # Another op, number or group: this op's failure, then its cause.
         (

@@ -35,8 +35,11 @@ def _lonely_all_reduce(group, async_op: bool) -> tuple[BaseException | None, flo
     tensor = torch.ones(1024, device="cuda")
     start = time.monotonic()
     if async_op:
-        work = dist.all_reduce(tensor, group=group, async_op=True)
-        error = raised_by(lambda: work.wait(timeout=HOST_WAIT))
+        # Across nodes NCCL may connect the peers inside the call (an algorithm's first use), so
+        # the timeout can surface there rather than in wait().
+        error = raised_by(
+            lambda: dist.all_reduce(tensor, group=group, async_op=True).wait(timeout=HOST_WAIT)
+        )
     else:
         error = raised_by(lambda: dist.all_reduce(tensor, group=group))
         if error is None:

@@ -25,26 +25,12 @@ void FailureState::raise() const {
 }
 
 std::string opFailure(const std::string& label, const std::string& cause) {
-  // The op's number and group as every label spells them ("(seq 16" then
-  // ", peer 1" or ")", and " on group 'g'"), whether or not the cause calls
-  // it synchronous.
-  const std::string causeOp = cause.substr(0, cause.find(" failed: "));
+  // "(seq 16) on group 'g'", or "(seq 3, peer 1) on group 'g'": how every
+  // description of an op ends, whatever it calls the op before.
   const size_t seq = label.find("(seq ");
-  const size_t group = label.rfind(" on group '");
-  if (seq != std::string::npos && group != std::string::npos &&
-      causeOp.size() != cause.size()) {
-    const std::string number =
-        label.substr(seq, label.find_first_of(",)", seq) - seq);
-    const std::string onGroup = label.substr(group);
-    const size_t at = causeOp.find(number);
-    const size_t end = at + number.size();
-    if (at != std::string::npos && end < causeOp.size() &&
-        (causeOp[end] == ')' || causeOp[end] == ',') &&
-        causeOp.size() >= onGroup.size() &&
-        causeOp.compare(
-            causeOp.size() - onGroup.size(), onGroup.size(), onGroup) == 0) {
-      return cause;
-    }
+  if (seq != std::string::npos &&
+      cause.find(label.substr(seq)) != std::string::npos) {
+    return cause;
   }
   return c10::str(label, " failed: ", cause);
 }

@@ -12,8 +12,8 @@
 namespace nccl_core {
 
 // What an op that failed because of `cause` reports: "<label> failed:
-// <cause>", or `cause` alone where it already says that of this op (the
-// group failed at this very op).
+// <cause>", or `cause` alone where it names this op already (the group
+// failed at this very op).
 std::string opFailure(const std::string& label, const std::string& cause);
 
 class FailureState {

@@ -4,12 +4,12 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Logging.h>
 
+#include <algorithm>
+
 #include "backend/runtime/flight_recorder.h"
 #include "nccl/api.h"
 #include "nccl/blocking_wait.h"
 #include "nccl/errors.h"
-
-#include <algorithm>
 
 namespace nccl_core {
 
@@ -238,6 +238,9 @@ void Watchdog::poll() {
   if (oldestSync && syncOpTimedOut(*oldestSync)) {
     return;
   }
+  if (enqueueTimedOut(now)) {
+    return;
+  }
   endEphemeralTimeouts(
       seen, oldestSync ? std::optional(oldestSync->seq) : std::nullopt);
   checkPeers(now);
@@ -322,6 +325,62 @@ Watchdog::describeSyncOp(const SyncOpTimeline::Unfinished& op) const {
       ") on group '",
       groupName_,
       "'");
+}
+
+Watchdog::Enqueueing::Enqueueing(
+    Watchdog& watchdog,
+    const char* name,
+    uint64_t seq,
+    std::chrono::milliseconds timeout)
+    : watchdog_(watchdog), seq_(seq) {
+  std::lock_guard<std::mutex> lock(watchdog_.enqueueingMutex_);
+  watchdog_.enqueueing_.push_back(
+      InEnqueue{name, seq, std::chrono::steady_clock::now(), timeout});
+}
+
+Watchdog::Enqueueing::~Enqueueing() {
+  std::lock_guard<std::mutex> lock(watchdog_.enqueueingMutex_);
+  auto& ops = watchdog_.enqueueing_;
+  const auto it = std::find_if(ops.begin(), ops.end(), [this](const auto& op) {
+    return op.seq == seq_;
+  });
+  if (it != ops.end()) {
+    ops.erase(it);
+  }
+}
+
+bool Watchdog::enqueueTimedOut(std::chrono::steady_clock::time_point now) {
+  std::optional<InEnqueue> late;
+  {
+    std::lock_guard<std::mutex> lock(enqueueingMutex_);
+    for (const InEnqueue& op : enqueueing_) {
+      if (now - op.since > op.timeout) {
+        late = op;
+        break;
+      }
+    }
+  }
+  if (!late) {
+    return false;
+  }
+  trip(
+      c10::str(
+          "Watchdog caught collective operation timeout: nccl_core ",
+          late->name,
+          " (seq ",
+          late->seq,
+          ") on group '",
+          groupName_,
+          "' has been in NCCL's enqueue for at least ",
+          std::chrono::duration_cast<std::chrono::milliseconds>(
+              now - late->since)
+              .count(),
+          " ms (timeout ",
+          late->timeout.count(),
+          " ms): NCCL waits there for peers that have not joined the op; "
+          "communicator aborted"),
+      true);
+  return true;
 }
 
 bool Watchdog::syncOpTimedOut(const SyncOpTimeline::Unfinished& oldest) {

@@ -64,6 +64,26 @@ class Watchdog {
     syncOps_.note(stream, name, seq, std::chrono::steady_clock::now(), detail);
   }
 
+  // Times an op while NCCL enqueues it on the host, as synchronous ops are
+  // timed on the GPU: a blocking communicator may wait there for peers that
+  // never join (NCCL connects peers at an algorithm's first use,
+  // NCCL_RUNTIME_CONNECT), and only the watchdog's abort ends that wait.
+  class Enqueueing {
+   public:
+    Enqueueing(
+        Watchdog& watchdog,
+        const char* name,
+        uint64_t seq,
+        std::chrono::milliseconds timeout);
+    Enqueueing(const Enqueueing&) = delete;
+    Enqueueing& operator=(const Enqueueing&) = delete;
+    ~Enqueueing();
+
+   private:
+    Watchdog& watchdog_;
+    const uint64_t seq_;
+  };
+
   // Records `reason`, fails pending work, aborts the communicator and (when
   // `tellPeers`) asks the other ranks to abort too. Idempotent.
   void fail(const std::string& reason, bool tellPeers);
@@ -110,6 +130,8 @@ class Watchdog {
   bool failedAsynchronously(
       const c10::intrusive_ptr<NcclWork>& head,
       const std::optional<SyncOpTimeline::Unfinished>& oldestSync);
+  // Fails the group if an op stayed in NCCL's enqueue past its timeout.
+  bool enqueueTimedOut(std::chrono::steady_clock::time_point now);
   // Fails the group if `oldest` ran past the timeout.
   bool syncOpTimedOut(const SyncOpTimeline::Unfinished& oldest);
   std::string describeSyncOp(const SyncOpTimeline::Unfinished& op) const;
@@ -141,6 +163,14 @@ class Watchdog {
   std::atomic<bool> hasRetired_{false};
 
   SyncOpTimeline syncOps_;
+  struct InEnqueue {
+    const char* name;
+    uint64_t seq;
+    std::chrono::steady_clock::time_point since;
+    std::chrono::milliseconds timeout;
+  };
+  std::mutex enqueueingMutex_;
+  std::vector<InEnqueue> enqueueing_; // few: one per thread in an enqueue
   std::chrono::steady_clock::time_point nextPeerCheck_{};
   std::atomic<bool> storeReachable_{true};
 
