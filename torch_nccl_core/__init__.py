@@ -12,6 +12,7 @@ import torch.distributed  # noqa: F401  (the C++ backend derives from its classe
 from . import _C, interop
 from ._registration import BACKEND_NAME, register
 from ._version import __version__
+from .buffer_registration import deregister_mem_pool, register_mem_pool, registration_stats
 from .communicator import (
     Communicator,
     CustomRedOp,
@@ -23,6 +24,7 @@ from .communicator import (
 )
 from .dev_comm import DevCommRequirements, GinConnectionType, GinType
 from .memory import empty, mem_pool, resolve_tensor
+from .memory_offload import memory_stats, resume, suspend
 
 Options = _C.Options
 
@@ -76,12 +78,18 @@ __all__ = [
     "WindowFlag",
     "__version__",
     "communicator",
+    "deregister_mem_pool",
     "dump_flight_recorder",
     "empty",
     "features",
     "interop",
     "mem_pool",
+    "memory_stats",
     "nccl_version",
     "one_sided_engine",
+    "register_mem_pool",
+    "registration_stats",
     "resolve_tensor",
+    "resume",
+    "suspend",
 ]

@@ -16,6 +16,7 @@ __all__ = [
     "WaitSignalDesc",
     "Window",
     "WindowFlag",
+    "backend",
     "communicator",
 ]
 
@@ -36,6 +37,30 @@ class WindowFlag(enum.IntFlag):
     STRICT_ORDERING = _C.NCCL_WIN_STRICT_ORDERING
 
 
+def backend(group: dist.ProcessGroup | None = None) -> _C.NcclCoreBackend:
+    """The ``nccl_core`` backend of ``group``'s CUDA ops (default: the world group).
+
+    Raises:
+        RuntimeError: the default process group is not initialized.
+        ValueError: the group's CUDA backend is not ``nccl_core``.
+    """
+    if group is None:
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "torch.distributed is not initialized; call init_process_group first"
+            )
+        group = dist.group.WORLD
+    try:
+        found = group._get_backend(torch.device("cuda"))
+    except RuntimeError as e:  # the group has no CUDA backend at all
+        raise ValueError(f"group {group.group_name!r} has no CUDA backend: {e}") from e
+    if not isinstance(found, _C.NcclCoreBackend):
+        raise ValueError(
+            f"group {group.group_name!r} runs {type(found).__name__} on CUDA, not nccl_core"
+        )
+    return found
+
+
 def communicator(group: dist.ProcessGroup | None = None) -> Communicator:
     """The NCCL communicator behind ``group``'s ``nccl_core`` backend (default: the world group).
 
@@ -47,18 +72,4 @@ def communicator(group: dist.ProcessGroup | None = None) -> Communicator:
         ValueError: the group's CUDA backend is not ``nccl_core``.
         torch.distributed.DistBackendError: the group has failed or was shut down.
     """
-    if group is None:
-        if not dist.is_initialized():
-            raise RuntimeError(
-                "torch.distributed is not initialized; call init_process_group first"
-            )
-        group = dist.group.WORLD
-    try:
-        backend = group._get_backend(torch.device("cuda"))
-    except RuntimeError as e:  # the group has no CUDA backend at all
-        raise ValueError(f"group {group.group_name!r} has no CUDA backend: {e}") from e
-    if not isinstance(backend, _C.NcclCoreBackend):
-        raise ValueError(
-            f"group {group.group_name!r} runs {type(backend).__name__} on CUDA, not nccl_core"
-        )
-    return backend.communicator()
+    return backend(group).communicator()

@@ -20,6 +20,7 @@
 #include "backend/runtime/op_timing.h"
 #include "backend/runtime/rendezvous.h"
 #include "nccl/api.h"
+#include "nccl/caching_allocator_segments.h"
 #include "nccl/errors.h"
 
 namespace nccl_core {
@@ -70,6 +71,9 @@ NcclCoreBackend::NcclCoreBackend(
           c10::utils::check_env("TORCH_NCCL_ENABLE_TIMING").value_or(false)),
       nanCheck_(nanCheckRequested()) {
   options_->validate();
+  if (options_->registersCachingAllocator()) {
+    trackCachingAllocatorSegments();
+  }
   if (FlightRecorder::process().enabled()) {
     // First of the abort hooks: the dump shows the group as it failed.
     hooks_->abort.add(
@@ -212,7 +216,9 @@ void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
   // Read under the lock that setTimeout takes: neither misses a new timeout.
   std::lock_guard<std::mutex> timeoutLock(timeoutMutex_);
   routes_ = CommRoutes::attach(
-      comm_, autoRegister_, makeEngines(*comm_, *events_, *options_));
+      comm_,
+      AutoRegistration{autoRegister_, options_->registersCachingAllocator()},
+      makeEngines(*comm_, *events_, *options_));
   routes_->setTimeout(timeout_.load());
   watchdog_ = std::make_unique<Watchdog>(
       comm_,

@@ -8,14 +8,17 @@
 #include <c10/util/FunctionRef.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/headeronly/version.h>
 
 #include <atomic>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 
 #include "backend/options.h"
 #include "backend/routing/comm_routes.h"
@@ -28,6 +31,10 @@
 #include "backend/runtime/work.h"
 #include "nccl/communicator.h"
 #include "nccl/one_sided.h"
+
+// c10d::Backend::suspend, resume and getMemoryStats exist from torch 2.14 on.
+#define NCCL_CORE_HAS_BACKEND_SUSPEND \
+  (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 14)
 
 namespace nccl_core {
 
@@ -291,6 +298,36 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   void abort() override;
   void shutdown() override;
 
+  // NCCL's memory offload of the group's communicators (backend/suspend.cpp,
+  // NCCL >= 2.29.7): suspendGroup() releases what NCCL can release once every
+  // op of the group finished, and ops are refused until resumeGroup()
+  // restores it; both idempotent. groupMemoryStats() reads NCCL's memory of
+  // them, under the keys torch's own NCCL backend uses.
+  // Registers the segments torch's allocator holds now in memory pool `pool`
+  // with the group's communicator (torch's ProcessGroupNCCL::registerMemPool;
+  // backend/memory_pools.cpp); deregisterMemPool drops them, and torch's
+  // free of a segment drops its registration first. ValueError: the pool is
+  // registered already, is not registered, or holds memory of another device.
+  void registerMemPool(c10::MempoolId_t pool);
+  void deregisterMemPool(c10::MempoolId_t pool);
+  // What the group holds registered, and what first-use registration cost.
+  RegistrationStats registrationStats();
+
+  void suspendGroup();
+  void resumeGroup();
+  std::unordered_map<std::string, uint64_t> groupMemoryStats();
+#if NCCL_CORE_HAS_BACKEND_SUSPEND
+  void suspend() override {
+    suspendGroup();
+  }
+  void resume() override {
+    resumeGroup();
+  }
+  std::unordered_map<std::string, uint64_t> getMemoryStats() override {
+    return groupMemoryStats();
+  }
+#endif
+
   const NcclCoreOptions& options() const {
     return *options_;
   }
@@ -430,6 +467,8 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   // that the caller's stream waits for, and the group takes ops again. A
   // no-op outside a block. Never throws.
   void abandonCoalescing() noexcept;
+  // The group's communicator and its window-free twin, those made so far.
+  std::vector<std::shared_ptr<Communicator>> madeCommunicators();
   // A store key of this communicator incarnation: a group re-created under
   // the same name (re-init in one process) never reads the previous one's.
   std::string storeKey(const char* name) const;
@@ -482,6 +521,12 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   // communicator.
   std::shared_ptr<CommRoutes> routes_;
   uint64_t seq_ = 0;
+  // suspendGroup() released NCCL's memory: ops are refused.
+  std::atomic<bool> suspended_{false};
+  // Memory pools registered (registerMemPool), with their registrations.
+  std::mutex poolsMutex_;
+  std::map<c10::MempoolId_t, std::vector<std::shared_ptr<RegisteredBuffer>>>
+      pools_;
 
   // Coalescing (an NCCL group spanning several ops).
   bool coalescing_ = false;

@@ -159,6 +159,12 @@ OpPlan NcclCoreBackend::prepare(
             ": ",
             failure_->message()));
   }
+  NCCL_CORE_CHECK_STATE(
+      !suspended_.load(std::memory_order_relaxed),
+      call.name,
+      "group '",
+      *groupName_,
+      "' is suspended (NCCL released its memory); resume() it first");
   const c10::cuda::CUDAStream current =
       c10::cuda::getCurrentCUDAStream(call.device.index());
   const bool capturing = isCapturing(current.stream());

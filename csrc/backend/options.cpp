@@ -46,6 +46,12 @@ void NcclCoreOptions::validate() const {
   }
 }
 
+bool NcclCoreOptions::registersCachingAllocator() const {
+  return registerCachingAllocator.value_or(
+      c10::utils::check_env("TORCH_NCCL_CORE_REGISTER_ALLOCATOR")
+          .value_or(false));
+}
+
 ncclConfig_t NcclCoreOptions::toNcclConfig() const {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   // torch's switch for its NCCL backend, where the option is left unset.

@@ -31,6 +31,16 @@ struct NcclCoreOptions {
   // (default off: its crossover with NCCL is still to be measured on 2+
   // GPUs), true = on, false = never (backend/engines/one_shot_all_reduce.h).
   std::optional<bool> oneShotAllReduce;
+  // Ops on ordinary tensors register the segment of torch's caching
+  // allocator they lie in, on first use, and torch's free of the segment
+  // drops it: unset = TORCH_NCCL_CORE_REGISTER_ALLOCATOR (default off until
+  // measured on 2+ GPUs), true = on, false = off
+  // (nccl/caching_allocator_segments.h).
+  std::optional<bool> registerCachingAllocator;
+
+  // Whether registerCachingAllocator is on, the environment deciding where
+  // it is unset.
+  bool registersCachingAllocator() const;
 
   // Raises ValueError for out-of-range values.
   void validate() const;

@@ -1,5 +1,6 @@
 #include "nccl/allocations.h"
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -27,41 +28,97 @@ Table& table() {
   return *instance;
 }
 
+// The live observers, dropping the dead ones; needs the table's lock. (No
+// element is moved onto itself: a self-moved weak_ptr forgets its object.)
+std::vector<std::shared_ptr<AllocationObserver>> liveObservers(Table& t) {
+  t.observers.erase(
+      std::remove_if(
+          t.observers.begin(),
+          t.observers.end(),
+          [](const std::weak_ptr<AllocationObserver>& weak) {
+            return weak.expired();
+          }),
+      t.observers.end());
+  std::vector<std::shared_ptr<AllocationObserver>> observers;
+  for (const auto& weak : t.observers) {
+    if (auto observer = weak.lock()) {
+      observers.push_back(std::move(observer));
+    }
+  }
+  return observers;
+}
+
+// Removes the entries `pick` selects and tells the observers, outside the
+// lock, of each.
+template <typename Pick>
+void forgetWhere(uintptr_t from, uintptr_t to, Pick pick) {
+  Table& t = table();
+  std::vector<Allocation> gone;
+  std::vector<std::shared_ptr<AllocationObserver>> observers;
+  {
+    std::lock_guard<std::shared_mutex> lock(t.mutex);
+    // Entries start below `to`; the one before `from` may reach into it.
+    auto it = t.byBase.upper_bound(from);
+    if (it != t.byBase.begin()) {
+      --it;
+    }
+    while (it != t.byBase.end() && it->first < to) {
+      const Allocation& a = it->second;
+      if (a.base + a.size > from && pick(a)) {
+        gone.push_back(a);
+        it = t.byBase.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (gone.empty()) {
+      return;
+    }
+    t.count.store(t.byBase.size(), std::memory_order_release);
+    observers = liveObservers(t);
+  }
+  for (const Allocation& allocation : gone) {
+    for (const auto& observer : observers) {
+      observer->onFree(allocation);
+    }
+  }
+}
+
 } // namespace
 
-void recordAllocation(void* ptr, size_t size, int device) {
+void recordAllocation(void* ptr, size_t size, int device, MemoryKind kind) {
   Table& t = table();
   std::lock_guard<std::shared_mutex> lock(t.mutex);
   const auto base = reinterpret_cast<uintptr_t>(ptr);
-  t.byBase[base] = Allocation{base, size, t.nextId++, device, false};
+  if (kind == MemoryKind::CachingAllocator && t.byBase.count(base) != 0) {
+    return;
+  }
+  t.byBase[base] = Allocation{base, size, t.nextId++, device, kind, false};
   t.count.store(t.byBase.size(), std::memory_order_release);
 }
 
 void forgetAllocation(void* ptr) {
+  const auto base = reinterpret_cast<uintptr_t>(ptr);
+  forgetWhere(base, base + 1, [base](const Allocation& a) {
+    return a.base == base && a.kind == MemoryKind::Nccl;
+  });
+}
+
+void forgetAllocations(const void* ptr, size_t size, MemoryKind kind) {
+  const auto from = reinterpret_cast<uintptr_t>(ptr);
+  forgetWhere(from, from + size, [kind](const Allocation& a) {
+    return a.kind == kind;
+  });
+}
+
+size_t allocationCount(MemoryKind kind) {
   Table& t = table();
-  std::optional<Allocation> gone;
-  std::vector<std::shared_ptr<AllocationObserver>> observers;
-  {
-    std::lock_guard<std::shared_mutex> lock(t.mutex);
-    auto it = t.byBase.find(reinterpret_cast<uintptr_t>(ptr));
-    if (it == t.byBase.end()) {
-      return;
-    }
-    gone = it->second;
-    t.byBase.erase(it);
-    t.count.store(t.byBase.size(), std::memory_order_release);
-    auto live = t.observers.begin();
-    for (auto& weak : t.observers) {
-      if (auto observer = weak.lock()) {
-        observers.push_back(std::move(observer));
-        *live++ = std::move(weak);
-      }
-    }
-    t.observers.erase(live, t.observers.end());
+  std::shared_lock<std::shared_mutex> lock(t.mutex);
+  size_t count = 0;
+  for (const auto& [base, allocation] : t.byBase) {
+    count += allocation.kind == kind ? 1 : 0;
   }
-  for (const auto& observer : observers) {
-    observer->onFree(*gone);
-  }
+  return count;
 }
 
 std::optional<Allocation> findAllocation(const void* ptr, size_t bytes) {

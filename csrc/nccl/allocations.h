@@ -1,6 +1,8 @@
-// The process-wide table of live NCCL allocations (ncclMemAlloc), so that a
-// tensor's memory can be recognised as NCCL memory and every registration
-// of an allocation dropped before the allocation is freed.
+// The process-wide table of live device memory that ops may register with
+// NCCL: NCCL allocations (ncclMemAlloc), and, once a group asks for it, the
+// segments of torch's caching allocator (caching_allocator_segments.h). A
+// tensor's memory is found in it, and every registration of an allocation is
+// dropped before the allocation is freed.
 #pragma once
 
 #include <cstddef>
@@ -10,6 +12,11 @@
 
 namespace nccl_core {
 
+enum class MemoryKind {
+  Nccl,             // ncclMemAlloc: windows and registrations
+  CachingAllocator, // a segment (or mapped range) of torch's allocator
+};
+
 struct Allocation {
   uintptr_t base;
   size_t size;
@@ -17,6 +24,7 @@ struct Allocation {
   // id, so nothing keyed by id can match a stale allocation.
   uint64_t id;
   int device;
+  MemoryKind kind = MemoryKind::Nccl;
   // A window was registered over it: peers map it and kernels on any stream
   // may use it, and freeing it closes windows, collectively (so the free
   // waits for the device rather than for a later, unordered moment).
@@ -30,11 +38,25 @@ class AllocationObserver {
   virtual void onFree(const Allocation& allocation) noexcept = 0;
 };
 
-void recordAllocation(void* ptr, size_t size, int device);
+// Records memory of `kind` at [ptr, ptr + size). A caching-allocator segment
+// never replaces an allocation recorded at the same address (NCCL memory a
+// MemPool hands out, or the same segment seen twice).
+void recordAllocation(
+    void* ptr,
+    size_t size,
+    int device,
+    MemoryKind kind = MemoryKind::Nccl);
 
-// Removes the allocation and tells every live observer, before the caller
-// frees the memory.
+// Removes the NCCL allocation at `ptr` and tells every live observer, before
+// the caller frees the memory.
 void forgetAllocation(void* ptr);
+
+// Removes every allocation of `kind` that overlaps [ptr, ptr + size), and
+// tells every live observer of each.
+void forgetAllocations(const void* ptr, size_t size, MemoryKind kind);
+
+// How many allocations of `kind` are recorded.
+size_t allocationCount(MemoryKind kind);
 
 // The allocation holding [ptr, ptr + bytes), if that range is NCCL memory.
 std::optional<Allocation> findAllocation(const void* ptr, size_t bytes);

@@ -67,6 +67,11 @@ NcclApi makeRealApi() {
     lookUp(api.getLsaMultimemDevicePointer, "ncclGetLsaMultimemDevicePointer");
     lookUp(api.commQueryProperties, "ncclCommQueryProperties");
   }
+  if (code >= NCCL_VERSION(2, 29, 7)) {
+    lookUp(api.commSuspend, "ncclCommSuspend");
+    lookUp(api.commResume, "ncclCommResume");
+    lookUp(api.commMemStats, "ncclCommMemStats");
+  }
   api.getDevice = &cudaGetDevice;
   api.setDevice = &cudaSetDevice;
   api.exchangeStreamCaptureMode = &cudaThreadExchangeStreamCaptureMode;

@@ -10,6 +10,8 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <cstdint>
+
 namespace nccl_core {
 
 // ncclWaitSignalDesc_t of NCCL >= 2.29: {opCnt, peer, sigIdx, ctx}.
@@ -19,6 +21,15 @@ struct NcclWaitSignalDesc {
   int sigIdx;
   int ctx;
 };
+
+// ncclCommMemStat_t and NCCL_SUSPEND_MEM of NCCL >= 2.29.7.
+enum NcclMemStat : int {
+  kMemStatSuspendable = 0, // ncclStatGpuMemSuspend: bytes suspend releases
+  kMemStatSuspended = 1,   // ncclStatGpuMemSuspended: 1 while suspended
+  kMemStatPersistent = 2,  // ncclStatGpuMemPersist: bytes suspend keeps
+  kMemStatTotal = 3,       // ncclStatGpuMemTotal
+};
+constexpr int kSuspendMemory = 0x01;
 
 struct NcclApi {
   // NCCL 2.28: linked.
@@ -79,6 +90,12 @@ struct NcclApi {
   ncclResult_t (*getLsaMultimemDevicePointer)(ncclWindow_t, size_t, void**);
   // Its ncclCommProperties_t exists only in NCCL >= 2.29's headers.
   ncclResult_t (*commQueryProperties)(ncclComm_t, void*);
+
+  // NCCL >= 2.29.7: looked up at run time, null where the runtime lacks them.
+  // The statistic is an ncclCommMemStat_t (NcclMemStat).
+  ncclResult_t (*commSuspend)(ncclComm_t, int);
+  ncclResult_t (*commResume)(ncclComm_t);
+  ncclResult_t (*commMemStats)(ncclComm_t, int, uint64_t*);
 
   // The CUDA runtime calls of the communicator layer and the watchdog (the
   // ops' own CUDA work goes through torch).

@@ -370,8 +370,10 @@ bool Communicator::stopKernels() noexcept {
 }
 
 bool Communicator::flush() noexcept {
-  // NCCL's finalize also waits for the CUDA graphs that captured its work.
-  if (capturedGraphs_.live() > 0 || (!nonblocking_ && !canRevoke())) {
+  // NCCL's finalize also waits for the CUDA graphs that captured its work. A
+  // suspended communicator has no op in flight, and no memory to finalize.
+  if (capturedGraphs_.live() > 0 || isSuspended() ||
+      (!nonblocking_ && !canRevoke())) {
     return false;
   }
   try {

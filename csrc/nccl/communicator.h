@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -111,9 +112,11 @@ class Communicator final : public AllocationObserver,
   // communicator while one is in progress, which ends that wait. Counted
   // before the Use checks for an abort (abort() sets that, then reads the
   // count): one of the two sees the other.
+  // It is refused (RuntimeError) while the communicator is suspended.
   class HostCall {
    public:
-    explicit HostCall(Communicator& comm) : counted_(comm), use_(comm) {}
+    explicit HostCall(Communicator& comm)
+        : counted_(comm), use_(comm.refuseWhileSuspended()) {}
     ncclComm_t handle() const {
       return use_.handle();
     }
@@ -204,6 +207,31 @@ class Communicator final : public AllocationObserver,
     capturedGraphs_.note(stream);
   }
 
+  // NCCL's own memory of this communicator, in bytes (ncclCommMemStats).
+  struct MemoryStats {
+    uint64_t suspendable; // what suspend() releases
+    uint64_t persistent;  // what it keeps
+    uint64_t total;
+    bool suspended;
+  };
+  // Raises NotImplementedError naming `op` unless the loaded NCCL can
+  // suspend communicators (NCCL >= 2.29.7).
+  static void requireSuspendSupport(const char* op);
+  // Releases the memory NCCL can release (ncclCommSuspend with
+  // NCCL_SUSPEND_MEM); NCCL takes no work on it until resume() restores it,
+  // so host calls are refused meanwhile. Both idempotent; the caller sees to
+  // it that no op of it is in flight and no CUDA graph holds its work.
+  void suspend();
+  void resume();
+  bool isSuspended() const {
+    return suspended_.load(std::memory_order_acquire);
+  }
+  MemoryStats memoryStats();
+  // CUDA graphs alive that captured its work.
+  int liveGraphs() const {
+    return capturedGraphs_.live();
+  }
+
   // The asynchronous error NCCL recorded, ncclSuccess when there is none.
   ncclResult_t asyncError();
   // NCCL's last error message (ncclGetLastError), empty once aborted.
@@ -273,6 +301,8 @@ class Communicator final : public AllocationObserver,
       std::string label,
       c10::function_ref<ncclResult_t(ncclComm_t, ncclComm_t*)> make);
   [[noreturn]] void raiseAborted() const;
+  // This communicator, or RuntimeError while it is suspended.
+  Communicator& refuseWhileSuspended();
   void abort(CommunicatorListener* instead) noexcept;
   // ncclCommAbort, once: by abort() when no Use is held, else by the last
   // Use to end.
@@ -322,6 +352,9 @@ class Communicator final : public AllocationObserver,
   std::atomic<int> hostCalls_{0}; // HostCalls in progress
   std::atomic<bool> released_{false};
   CapturedGraphs capturedGraphs_;
+  // Serialises suspend() and resume(); suspended_ is read without it.
+  std::mutex suspendMutex_;
+  std::atomic<bool> suspended_{false};
 
   // Held through abort(), listener included.
   std::mutex abortMutex_;

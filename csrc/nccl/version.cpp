@@ -16,6 +16,8 @@ struct FeatureInfo {
   int minCode;
 };
 
+// The NCCL release that brought each feature, from its release notes and
+// headers (docs/compatibility.md).
 FeatureInfo info(Feature feature) {
   switch (feature) {
     case Feature::Float8:
@@ -30,6 +32,24 @@ FeatureInfo info(Feature feature) {
       return {"window_host_pointers", NCCL_VERSION(2, 29, 0)};
     case Feature::WindowStrictOrdering:
       return {"window_strict_ordering", NCCL_VERSION(2, 29, 0)};
+    case Feature::CommGrow:
+      return {"comm_grow", NCCL_VERSION(2, 29, 0)};
+    case Feature::SuspendResume:
+      return {"suspend_resume", NCCL_VERSION(2, 29, 7)};
+    case Feature::WindowSizesPerRank:
+      return {"window_sizes_per_rank", NCCL_VERSION(2, 30, 0)};
+    case Feature::WindowRegistrationInCapture:
+      return {"window_registration_in_capture", NCCL_VERSION(2, 30, 0)};
+    case Feature::OneSidedGraphCapture:
+      return {"one_sided_graph_capture", NCCL_VERSION(2, 30, 7)};
+    case Feature::ZeroCtaPolicy:
+      return {"zero_cta_policy", NCCL_VERSION(2, 30, 7)};
+    case Feature::PerCollectiveConfig:
+      return {"per_collective_config", NCCL_VERSION(2, 31, 0)};
+    case Feature::SocketGin:
+      return {"socket_gin", NCCL_VERSION(2, 32, 3)};
+    case Feature::WindowGinOnly:
+      return {"window_gin_only", NCCL_VERSION(2, 32, 3)};
   }
   return {"unknown", 0};
 }
@@ -40,7 +60,16 @@ constexpr Feature kAllFeatures[] = {
     Feature::DeviceApi,
     Feature::HostOneSided,
     Feature::WindowHostPointers,
-    Feature::WindowStrictOrdering};
+    Feature::WindowStrictOrdering,
+    Feature::CommGrow,
+    Feature::SuspendResume,
+    Feature::WindowSizesPerRank,
+    Feature::WindowRegistrationInCapture,
+    Feature::OneSidedGraphCapture,
+    Feature::ZeroCtaPolicy,
+    Feature::PerCollectiveConfig,
+    Feature::SocketGin,
+    Feature::WindowGinOnly};
 
 } // namespace
 

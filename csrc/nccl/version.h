@@ -20,7 +20,8 @@ struct NcclVersion {
 // The version of the libnccl.so.2 loaded in this process (not the headers').
 const NcclVersion& runtimeVersion();
 
-// Minimum runtime versions of optional features.
+// Minimum runtime versions of optional features (docs/compatibility.md says
+// which of them the package uses, and how).
 enum class Feature {
   Float8,               // ncclFloat8e4m3 / ncclFloat8e5m2
   WindowRegistration,   // ncclCommWindowRegister
@@ -28,6 +29,15 @@ enum class Feature {
   HostOneSided,         // ncclPutSignal / ncclSignal / ncclWaitSignal
   WindowHostPointers,   // ncclWinGetUserPtr and host-side peer pointers
   WindowStrictOrdering, // NCCL_WIN_STRICT_ORDERING
+  CommGrow,             // ncclCommGrow, ncclCommGetUniqueId
+  SuspendResume,        // ncclCommSuspend / ncclCommResume / ncclCommMemStats
+  WindowSizesPerRank,   // windows of different sizes on different ranks
+  WindowRegistrationInCapture, // ncclCommWindowRegister during a capture
+  OneSidedGraphCapture,        // ncclPutSignal / ncclWaitSignal in CUDA graphs
+  ZeroCtaPolicy,               // NCCL_CTA_POLICY_ZERO (copy-engine collectives)
+  PerCollectiveConfig,         // ncclCollConfig_t on each collective call
+  SocketGin,                   // GPU-initiated networking over TCP sockets
+  WindowGinOnly,               // NCCL_WIN_GIN_ONLY
 };
 
 bool hasFeature(Feature feature);

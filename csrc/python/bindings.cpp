@@ -57,6 +57,8 @@ std::string repr(const NcclCoreOptions& o) {
       opt(o.copyEngineReduceScatter),
       ", one_shot_all_reduce=",
       opt(o.oneShotAllReduce),
+      ", register_caching_allocator=",
+      opt(o.registerCachingAllocator),
       ")");
 }
 
@@ -79,7 +81,12 @@ this package's own where every peer is load/store reachable (sum, product,
 min, max, avg; floating and integer dtypes; anything else goes to NCCL);
 ``None`` follows ``TORCH_NCCL_CORE_ONE_SHOT_ALL_REDUCE`` (default off until
 its crossover with NCCL is measured on 2+ GPUs), ``True`` on, ``False``
-never.)")
+never.
+``register_caching_allocator``: ops on ordinary tensors register the segment
+of torch's caching allocator they lie in with NCCL on first use, and torch's
+free of the segment drops it; ``None`` follows
+``TORCH_NCCL_CORE_REGISTER_ALLOCATOR`` (default off until measured on 2+
+GPUs).)")
       .def(
           py::init([](std::optional<std::chrono::milliseconds> timeout,
                       bool highPriorityStream,
@@ -91,7 +98,8 @@ never.)")
                       std::optional<bool> splitShare,
                       std::optional<std::string> commName,
                       std::optional<bool> copyEngineReduceScatter,
-                      std::optional<bool> oneShotAllReduce) {
+                      std::optional<bool> oneShotAllReduce,
+                      std::optional<bool> registerCachingAllocator) {
             auto o = std::make_shared<NcclCoreOptions>();
             o->timeout = timeout;
             o->highPriorityStream = highPriorityStream;
@@ -104,6 +112,7 @@ never.)")
             o->commName = std::move(commName);
             o->copyEngineReduceScatter = copyEngineReduceScatter;
             o->oneShotAllReduce = oneShotAllReduce;
+            o->registerCachingAllocator = registerCachingAllocator;
             o->validate();
             return o;
           }),
@@ -118,7 +127,8 @@ never.)")
           py::arg("split_share") = py::none(),
           py::arg("comm_name") = py::none(),
           py::arg("copy_engine_reduce_scatter") = py::none(),
-          py::arg("one_shot_all_reduce") = py::none())
+          py::arg("one_shot_all_reduce") = py::none(),
+          py::arg("register_caching_allocator") = py::none())
       .def_readwrite("timeout", &NcclCoreOptions::timeout)
       .def_readwrite(
           "high_priority_stream", &NcclCoreOptions::highPriorityStream)
@@ -133,6 +143,9 @@ never.)")
           "copy_engine_reduce_scatter",
           &NcclCoreOptions::copyEngineReduceScatter)
       .def_readwrite("one_shot_all_reduce", &NcclCoreOptions::oneShotAllReduce)
+      .def_readwrite(
+          "register_caching_allocator",
+          &NcclCoreOptions::registerCachingAllocator)
       .def("__repr__", &repr);
 }
 
@@ -231,6 +244,51 @@ void bindBackend(py::module_& m) {
           py::arg("device") = py::none(),
           py::call_guard<py::gil_scoped_release>(),
           "The group's NCCL communicator, created on first use.")
+      .def(
+          "register_mem_pool",
+          &NcclCoreBackend::registerMemPool,
+          py::arg("pool_id"),
+          py::call_guard<py::gil_scoped_release>(),
+          "Registers the segments memory pool `pool_id` "
+          "(torch.cuda.MemPool.id) "
+          "holds now with the group's communicator.")
+      .def(
+          "deregister_mem_pool",
+          &NcclCoreBackend::deregisterMemPool,
+          py::arg("pool_id"),
+          py::call_guard<py::gil_scoped_release>(),
+          "Drops what register_mem_pool registered.")
+      .def(
+          "registration_stats",
+          [](NcclCoreBackend& b) {
+            const RegistrationStats stats = b.registrationStats();
+            return py::dict(
+                py::arg("registrations") = stats.registrations,
+                py::arg("bytes") = stats.bytes,
+                py::arg("first_uses") = stats.firstUses,
+                py::arg("first_use_seconds") = stats.firstUseSeconds);
+          },
+          "Registrations the group holds (on its communicator and its twin) "
+          "and their bytes; registrations ops made on first use, and their "
+          "time in seconds.")
+      .def(
+          "suspend",
+          &NcclCoreBackend::suspendGroup,
+          py::call_guard<py::gil_scoped_release>(),
+          "Releases the memory NCCL holds for the group (NCCL >= 2.29.7); "
+          "its ops are refused until resume().")
+      .def(
+          "resume",
+          &NcclCoreBackend::resumeGroup,
+          py::call_guard<py::gil_scoped_release>(),
+          "Restores what suspend() released.")
+      .def(
+          "memory_stats",
+          &NcclCoreBackend::groupMemoryStats,
+          py::call_guard<py::gil_scoped_release>(),
+          "NCCL's memory of the group in bytes: suspend (what suspend() "
+          "releases), persist (what it keeps), total; suspended is 1 while "
+          "suspended.")
       .def_property_readonly(
           "_window_free_twin",
           &NcclCoreBackend::windowFreeTwin,

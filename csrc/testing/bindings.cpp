@@ -198,9 +198,10 @@ void bindFakeNccl(py::module_& testing) {
       "Installs a scripted NCCL until uninstall() (see fake_nccl.h); "
       "communicators of the fake come from create_communicator.")
       .def(
-          py::init<bool, bool>(),
+          py::init<bool, bool, bool>(),
           py::arg("real_cuda") = false,
-          py::arg("revoke") = true)
+          py::arg("revoke") = true,
+          py::arg("suspend") = true)
       .def("uninstall", &Fake::uninstall)
       .def("hold", &Fake::hold, py::arg("call"))
       .def("release", &Fake::release, py::arg("call"))
@@ -296,6 +297,27 @@ void bindFakeNccl(py::module_& testing) {
       [](Communicator& comm) { comm.abort(); },
       py::arg("comm"),
       release);
+  testing.def(
+      "suspend",
+      [](Communicator& comm) { comm.suspend(); },
+      py::arg("comm"),
+      release);
+  testing.def(
+      "resume",
+      [](Communicator& comm) { comm.resume(); },
+      py::arg("comm"),
+      release);
+  testing.def(
+      "memory_stats",
+      [](Communicator& comm) {
+        const Communicator::MemoryStats stats = comm.memoryStats();
+        return py::dict(
+            py::arg("suspendable") = stats.suspendable,
+            py::arg("persistent") = stats.persistent,
+            py::arg("total") = stats.total,
+            py::arg("suspended") = stats.suspended);
+      },
+      py::arg("comm"));
   testing.def(
       "flush",
       [](Communicator& comm) { return comm.flush(); },

@@ -121,6 +121,52 @@ ncclResult_t revokeComm(ncclComm_t comm, int /*flags*/) {
   return ncclSuccess;
 }
 
+// NCCL >= 2.29.7's memory offload: a second suspend or resume in a row is
+// misuse, as NCCL's own memory manager says (ncclInvalidUsage).
+ncclResult_t suspendComm(ncclComm_t comm, int /*flags*/) {
+  FakeNccl::Comm* fake = fakeOf(comm);
+  const Call call("ncclCommSuspend", fake);
+  if (call.result != ncclSuccess || fake->suspended) {
+    return call.result != ncclSuccess ? call.result : ncclInvalidUsage;
+  }
+  fake->suspended = true;
+  return ncclSuccess;
+}
+
+ncclResult_t resumeComm(ncclComm_t comm) {
+  FakeNccl::Comm* fake = fakeOf(comm);
+  const Call call("ncclCommResume", fake);
+  if (call.result != ncclSuccess || !fake->suspended) {
+    return call.result != ncclSuccess ? call.result : ncclInvalidUsage;
+  }
+  fake->suspended = false;
+  return ncclSuccess;
+}
+
+ncclResult_t memStats(ncclComm_t comm, int stat, uint64_t* value) {
+  FakeNccl::Comm* fake = fakeOf(comm);
+  const Call call("ncclCommMemStats", fake);
+  constexpr uint64_t kSuspendable = FakeNccl::kSuspendableBytes;
+  constexpr uint64_t kPersistent = FakeNccl::kPersistentBytes;
+  switch (stat) {
+    case kMemStatSuspendable:
+      *value = kSuspendable;
+      break;
+    case kMemStatSuspended:
+      *value = fake->suspended ? 1 : 0;
+      break;
+    case kMemStatPersistent:
+      *value = kPersistent;
+      break;
+    case kMemStatTotal:
+      *value = kSuspendable + kPersistent;
+      break;
+    default:
+      return ncclInvalidArgument;
+  }
+  return call.result;
+}
+
 // The fake communicator among an entry point's arguments, if this one is it.
 template <typename Arg>
 FakeNccl::Comm* commAmong(FakeNccl::Comm* found, Arg arg) {
@@ -217,7 +263,7 @@ cudaError_t exchangeCaptureMode(cudaStreamCaptureMode* /*mode*/) {
 
 } // namespace
 
-FakeNccl::FakeNccl(bool realCuda, bool revoke) {
+FakeNccl::FakeNccl(bool realCuda, bool revoke, bool suspend) {
   table_.getVersion = realNccl().getVersion; // features stay the runtime's
   table_.getErrorString = realNccl().getErrorString;
   table_.getUniqueId = &getUniqueId;
@@ -231,6 +277,9 @@ FakeNccl::FakeNccl(bool realCuda, bool revoke) {
   table_.commAbort = &abortComm;
   table_.commFinalize = &finalizeComm;
   table_.commRevoke = revoke ? &revokeComm : nullptr;
+  table_.commSuspend = suspend ? &suspendComm : nullptr;
+  table_.commResume = suspend ? &resumeComm : nullptr;
+  table_.commMemStats = suspend ? &memStats : nullptr;
   table_.groupStart = &group;
   table_.groupEnd = &group;
   scriptNothing<kAllReduce>(table_.allReduce);

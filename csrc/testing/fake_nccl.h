@@ -26,8 +26,13 @@ class FakeNccl {
   // Installs the fake; one at a time. With `realCuda` the CUDA runtime calls
   // of the table stay the runtime's (on a GPU: the watchdog's thread-local
   // capture mode must hold while another thread captures a CUDA graph).
-  // Without `revoke` the table has no ncclCommRevoke (NCCL < 2.28.7).
-  explicit FakeNccl(bool realCuda = false, bool revoke = true);
+  // Without `revoke` the table has no ncclCommRevoke (NCCL < 2.28.7), without
+  // `suspend` no ncclCommSuspend / ncclCommResume / ncclCommMemStats
+  // (NCCL < 2.29.7).
+  explicit FakeNccl(
+      bool realCuda = false,
+      bool revoke = true,
+      bool suspend = true);
   FakeNccl(const FakeNccl&) = delete;
   FakeNccl& operator=(const FakeNccl&) = delete;
   // Reinstalls NCCL's own table.
@@ -47,6 +52,11 @@ class FakeNccl {
   int calls(const std::string& call);
   // Threads inside `call` now (held, or not yet returned).
   int inside(const std::string& call);
+  // What ncclCommMemStats reports of every communicator: bytes suspend
+  // releases, and bytes it keeps.
+  static constexpr uint64_t kSuspendableBytes = 1 << 20;
+  static constexpr uint64_t kPersistentBytes = 64 << 10;
+
   // Communicators made and not yet aborted.
   int live();
   // ncclCommAbort while a call on the same communicator was in progress.
@@ -64,6 +74,9 @@ class FakeNccl {
     bool freed = false;
     // ncclCommRevoke raised its abort flag: held calls return an error.
     bool revoked = false;
+    // ncclCommSuspend released its memory (a second one is misuse, as in
+    // NCCL: ncclInvalidUsage).
+    bool suspended = false;
     int inside = 0;
     std::string pending; // a nonblocking call still in progress
     // Where a pending split or shrink writes its child once it completes

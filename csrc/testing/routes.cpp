@@ -10,6 +10,7 @@
 
 #include "backend/routing/comm_routes.h"
 #include "nccl/allocations.h"
+#include "nccl/caching_allocator_segments.h"
 #include "testing/bindings.h"
 
 namespace py = pybind11;
@@ -62,11 +63,17 @@ void bindRoutes(py::module_& testing) {
       "communicator of "
       "the fake NCCL, without engines.")
       .def(
-          py::init([](std::shared_ptr<Communicator> comm, bool autoRegister) {
-            return CommRoutes::attach(std::move(comm), autoRegister, {});
+          py::init([](std::shared_ptr<Communicator> comm,
+                      bool autoRegister,
+                      bool registerCachingAllocator) {
+            return CommRoutes::attach(
+                std::move(comm),
+                AutoRegistration{autoRegister, registerCachingAllocator},
+                {});
           }),
           py::arg("comm"),
-          py::arg("auto_register") = true)
+          py::arg("auto_register") = true,
+          py::arg("register_caching_allocator") = false)
       .def(
           "route",
           &route,
@@ -76,6 +83,30 @@ void bindRoutes(py::module_& testing) {
           py::arg("routable") = true,
           py::arg("coalescing") = false,
           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "register_segments",
+          [](CommRoutes& routes, const std::vector<at::Tensor>& tensors) {
+            std::vector<Segment> segments;
+            for (const at::Tensor& t : tensors) {
+              segments.push_back(
+                  {reinterpret_cast<uintptr_t>(t.data_ptr()),
+                   static_cast<size_t>(t.nbytes()),
+                   0});
+            }
+            return routes.registerSegments(segments);
+          },
+          py::arg("tensors"),
+          py::call_guard<py::gil_scoped_release>(),
+          "As register_mem_pool does, with these tensors as the segments.")
+      .def(
+          "registration_stats",
+          [](CommRoutes& routes) {
+            const RegistrationStats stats = routes.registrationStats();
+            return py::dict(
+                py::arg("registrations") = stats.registrations,
+                py::arg("bytes") = stats.bytes,
+                py::arg("first_uses") = stats.firstUses);
+          })
       .def_property_readonly("twin", &CommRoutes::twin)
       .def("set_timeout", &CommRoutes::setTimeout, py::arg("timeout"));
   testing.def(
@@ -85,6 +116,28 @@ void bindRoutes(py::module_& testing) {
       },
       py::arg("tensor"),
       "Makes `tensor`'s memory count as NCCL memory of device 0.");
+  testing.def(
+      "note_segment_event",
+      [](const std::string& event, const at::Tensor& tensor) {
+        static const std::unordered_map<std::string, SegmentEvent> events{
+            {"alloc", SegmentEvent::Allocated},
+            {"map", SegmentEvent::Mapped},
+            {"free", SegmentEvent::Freed},
+            {"unmap", SegmentEvent::Unmapped}};
+        noteSegmentEvent(
+            events.at(event),
+            reinterpret_cast<uintptr_t>(tensor.data_ptr()),
+            tensor.nbytes(),
+            0);
+      },
+      py::arg("event"),
+      py::arg("tensor"),
+      "What the caching allocator's tracker does when torch reports "
+      "`event` (alloc, map, free, unmap) of `tensor`'s memory on device 0.");
+  testing.def(
+      "caching_allocator_allocations",
+      [] { return allocationCount(MemoryKind::CachingAllocator); },
+      "How many caching-allocator segments the allocation table holds.");
   testing.def(
       "forget_allocation",
       [](const at::Tensor& tensor) { forgetAllocation(tensor.data_ptr()); },

@@ -56,7 +56,7 @@ def test_options_defaults_and_round_trip():
     o = torch_nccl_core.Options()
     assert o.timeout is None and o.blocking is None and o.comm_name is None
     assert o.high_priority_stream is False and o.copy_engine_reduce_scatter is None
-    assert o.one_shot_all_reduce is None
+    assert o.one_shot_all_reduce is None and o.register_caching_allocator is None
     o = torch_nccl_core.Options(
         timeout=datetime.timedelta(seconds=7),
         high_priority_stream=True,
@@ -69,6 +69,7 @@ def test_options_defaults_and_round_trip():
         comm_name="trainer",
         copy_engine_reduce_scatter=False,
         one_shot_all_reduce=True,
+        register_caching_allocator=True,
     )
     assert o.timeout == datetime.timedelta(seconds=7)
     assert (o.blocking, o.cga_cluster_size, o.min_ctas, o.max_ctas) == (True, 4, 2, 16)
@@ -76,6 +77,8 @@ def test_options_defaults_and_round_trip():
     assert o.copy_engine_reduce_scatter is False
     assert "copy_engine_reduce_scatter=False" in repr(o)
     assert o.one_shot_all_reduce is True and "one_shot_all_reduce=True" in repr(o)
+    assert o.register_caching_allocator is True
+    assert "register_caching_allocator=True" in repr(o)
     assert "comm_name='trainer'" in repr(o) and "high_priority_stream=True" in repr(o)
 
 

@@ -6,13 +6,23 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import torch_nccl_core
 
 from .helpers import needs_ranks
-from .training import DDP_STEPS, FSDP_STEPS, batches, fully_shard, model, train, train_replica
+from .training import (
+    DDP_STEPS,
+    FSDP_STEPS,
+    LR,
+    batches,
+    fully_shard,
+    model,
+    train,
+    train_replica,
+)
 
 
 def _train_ddp(rank: int, device: torch.device, group) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -31,6 +41,35 @@ def test_ddp_matches_builtin_nccl_and_replica(rank, device, nccl_group):
     # a different batch split changes the rounding
     torch.testing.assert_close(core_losses, replica_losses, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(core_params, replica_params, rtol=1e-5, atol=1e-5)
+
+
+def test_ddp_registering_ordinary_memory_with_empty_cache_each_step_matches(
+    rank, device, nccl_group
+):
+    """Gradient buckets of ordinary memory registered on first use, and dropped by torch's
+    free of their segments, which empty_cache makes every step."""
+    group = dist.new_group(
+        backend="nccl_core",
+        pg_options=torch_nccl_core.Options(register_caching_allocator=True),
+    )
+    ddp = DistributedDataParallel(model(), device_ids=[device.index], process_group=group)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=LR)
+    losses = []
+    for inputs, targets in batches(rank, DDP_STEPS):
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.mse_loss(ddp(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach())
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+    stats = torch_nccl_core.registration_stats(group)
+    core_params = [p.detach() for p in ddp.module.parameters()]
+    nccl_losses, nccl_params = _train_ddp(rank, device, nccl_group)
+    dist.destroy_process_group(group)
+    assert stats["first_uses"] > 0, stats  # the buckets were registered
+    torch.testing.assert_close(torch.stack(losses), nccl_losses, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(core_params, nccl_params, rtol=1e-6, atol=1e-7)
 
 
 @needs_ranks(2)  # FSDP2 on one rank communicates nothing

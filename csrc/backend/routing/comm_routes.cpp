@@ -1,6 +1,9 @@
 #include "backend/routing/comm_routes.h"
 
+#include <c10/util/Logging.h>
+
 #include <algorithm>
+#include <chrono>
 #include <mutex>
 
 #include "backend/routing/policy.h"
@@ -36,7 +39,7 @@ bool valid(const std::shared_ptr<RegisteredBuffer>& buffer) {
 
 std::shared_ptr<CommRoutes> CommRoutes::attach(
     std::shared_ptr<Communicator> comm,
-    bool autoRegister,
+    AutoRegistration autoRegister,
     Engines engines) {
   std::shared_ptr<CommRoutes> routes(
       new CommRoutes(std::move(comm), autoRegister, std::move(engines)));
@@ -47,7 +50,7 @@ std::shared_ptr<CommRoutes> CommRoutes::attach(
 
 CommRoutes::CommRoutes(
     std::shared_ptr<Communicator> comm,
-    bool autoRegister,
+    AutoRegistration autoRegister,
     Engines engines)
     : comm_(std::move(comm)),
       autoRegister_(autoRegister),
@@ -102,13 +105,16 @@ Route CommRoutes::route(const RouteQuery& query) {
   const bool mayMove = query.routable && !query.coalescing &&
                        hasTwin_.load(std::memory_order_acquire) &&
                        symmetricKernelsSetting() != SymmetricKernels::Always;
-  const bool registers = autoRegister_ && registrationGains(query.type);
+  const bool registers =
+      (autoRegister_.ncclMemory || autoRegister_.cachingAllocator) &&
+      registrationGains(query.type);
   if (!mayMove && !registers) {
     return Route{*comm_};
   }
   // One look per tensor: the allocation table (nothing to find without NCCL
-  // memory), then this table, read-locked, for its windows and
-  // registrations. Windows need NCCL memory, so plain tensors stop early.
+  // memory or tracked segments), then this table, read-locked, for its
+  // windows and registrations. Windows need NCCL memory, so plain tensors
+  // stop early unless this group registers torch's segments.
   size_t bytes = 0;
   Found found;
   for (const auto* tensors : {&query.outputs, &query.inputs}) {
@@ -116,7 +122,9 @@ Route CommRoutes::route(const RouteQuery& query) {
       bytes = std::max(bytes, static_cast<size_t>(tensor.nbytes()));
       const auto allocation =
           findAllocation(tensor.data_ptr(), tensor.nbytes());
-      if (allocation && allocation->device == comm_->device()) {
+      if (allocation && allocation->device == comm_->device() &&
+          (allocation->kind == MemoryKind::Nccl ||
+           autoRegister_.cachingAllocator)) {
         found.emplace_back(&tensor, *allocation);
       }
     }
@@ -141,7 +149,10 @@ Route CommRoutes::route(const RouteQuery& query) {
           route.toRegister.begin(), route.toRegister.end(), [&](const auto& a) {
             return a.id == t.allocation.id;
           });
-      if (!registered && !listed) {
+      const bool wanted = t.allocation.kind == MemoryKind::Nccl
+                              ? autoRegister_.ncclMemory
+                              : autoRegister_.cachingAllocator;
+      if (wanted && !registered && !listed && !t.unregistrable) {
         route.toRegister.push_back(t.allocation);
       }
     }
@@ -161,6 +172,7 @@ CommRoutes::Lookup CommRoutes::lookUp(const Found& found) const {
           memory->second.windows, tensor->data_ptr(), tensor->nbytes());
       t.onComm = valid(memory->second.onComm);
       t.onTwin = valid(memory->second.onTwin);
+      t.unregistrable = memory->second.unregistrable;
     }
     known.inSymmetricWindow =
         known.inSymmetricWindow ||
@@ -172,24 +184,105 @@ CommRoutes::Lookup CommRoutes::lookUp(const Found& found) const {
 
 void CommRoutes::registerMemory(Route& route) {
   const bool onTwin = &route.comm != comm_.get();
+  const auto start = std::chrono::steady_clock::now();
   for (const Allocation& allocation : route.toRegister) {
     // The whole allocation, so every tensor carved from it (a MemPool
     // segment) shares one registration. Without the lock: other ops' routes
     // go on meanwhile.
-    auto buffer = route.comm.registerBuffer(
-        reinterpret_cast<void*>(allocation.base), allocation.size);
-    std::unique_lock<std::shared_mutex> lock(mutex_);
-    Memory& memory = memory_[allocation.id];
-    std::shared_ptr<RegisteredBuffer>& slot =
-        onTwin ? memory.onTwin : memory.onComm;
-    if (valid(slot)) {
-      lock.unlock();
-      buffer->close(); // another thread's op registered it meanwhile
-    } else {
-      slot = std::move(buffer);
+    if (auto buffer = tryRegister(route.comm, allocation)) {
+      keep(allocation.id, onTwin, std::move(buffer));
     }
   }
+  firstUses_ += route.toRegister.size();
+  firstUseNanos_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now() - start)
+                        .count();
   route.toRegister.clear();
+}
+
+std::vector<std::shared_ptr<RegisteredBuffer>>
+CommRoutes::registerSegments(const std::vector<Segment>& segments) {
+  std::vector<std::shared_ptr<RegisteredBuffer>> buffers;
+  for (const Segment& segment : segments) {
+    void* base = reinterpret_cast<void*>(segment.address);
+    // Tracked, so that its free drops the registration (a MemPool of NCCL
+    // memory is in the table already).
+    recordAllocation(
+        base, segment.size, segment.device, MemoryKind::CachingAllocator);
+    const auto allocation = findAllocation(base, segment.size);
+    if (!allocation) {
+      continue; // freed meanwhile
+    }
+    {
+      std::shared_lock<std::shared_mutex> lock(mutex_);
+      const auto known = memory_.find(allocation->id);
+      if (known != memory_.end() && valid(known->second.onComm)) {
+        buffers.push_back(known->second.onComm);
+        continue;
+      }
+    }
+    if (auto buffer = tryRegister(*comm_, *allocation)) {
+      buffers.push_back(keep(allocation->id, /*onTwin=*/false, buffer));
+    }
+  }
+  return buffers;
+}
+
+std::shared_ptr<RegisteredBuffer>
+CommRoutes::tryRegister(Communicator& comm, const Allocation& allocation) {
+  void* base = reinterpret_cast<void*>(allocation.base);
+  if (allocation.kind == MemoryKind::Nccl) {
+    return comm.registerBuffer(base, allocation.size);
+  }
+  try {
+    return comm.registerBuffer(base, allocation.size);
+  } catch (const c10::DistBackendError& e) {
+    if (comm.isAborted()) {
+      throw;
+    }
+    LOG(WARNING) << "[nccl_core] " << comm.label() << " runs ops on "
+                 << allocation.size << " bytes of torch's allocator at 0x"
+                 << std::hex << allocation.base << std::dec
+                 << " unregistered: NCCL refused to register them: "
+                 << e.what_without_backtrace();
+    std::unique_lock<std::shared_mutex> lock(mutex_);
+    memory_[allocation.id].unregistrable = true;
+    return nullptr;
+  }
+}
+
+std::shared_ptr<RegisteredBuffer> CommRoutes::keep(
+    uint64_t allocation,
+    bool onTwin,
+    std::shared_ptr<RegisteredBuffer> made) {
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  Memory& memory = memory_[allocation];
+  std::shared_ptr<RegisteredBuffer>& slot =
+      onTwin ? memory.onTwin : memory.onComm;
+  if (!valid(slot)) {
+    slot = std::move(made);
+    return slot;
+  }
+  auto kept = slot;
+  lock.unlock();
+  made->close(); // another thread's op registered it meanwhile
+  return kept;
+}
+
+RegistrationStats CommRoutes::registrationStats() const {
+  RegistrationStats stats;
+  stats.firstUses = firstUses_.load();
+  stats.firstUseSeconds = static_cast<double>(firstUseNanos_.load()) * 1e-9;
+  std::shared_lock<std::shared_mutex> lock(mutex_);
+  for (const auto& [id, memory] : memory_) {
+    for (const auto* buffer : {&memory.onComm, &memory.onTwin}) {
+      if (valid(*buffer)) {
+        ++stats.registrations;
+        stats.bytes += (*buffer)->size();
+      }
+    }
+  }
+  return stats;
 }
 
 std::shared_ptr<Communicator> CommRoutes::twin() const {

@@ -9,7 +9,11 @@
 // - The backend's engines (backend/engines/engine.h), which run an op in
 //   NCCL's place where they suit it.
 // - Automatic registration (TORCH_NCCL_CORE_AUTO_REGISTER): NCCL memory an op
-//   touches is registered with the communicator that runs it, once.
+//   touches is registered with the communicator that runs it, once; so is
+//   the segment of torch's caching allocator an ordinary tensor lies in, where
+//   the group asked for it (Options.register_caching_allocator).
+// - Registered memory pools (register_mem_pool): their segments, registered
+//   at once.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -27,9 +31,24 @@
 
 #include "backend/engines/engine.h"
 #include "nccl/allocations.h"
+#include "nccl/caching_allocator_segments.h"
 #include "nccl/communicator.h"
 
 namespace nccl_core {
+
+// Which memory an op's route registers with its communicator on first use.
+struct AutoRegistration {
+  bool ncclMemory = true;        // TORCH_NCCL_CORE_AUTO_REGISTER
+  bool cachingAllocator = false; // Options.register_caching_allocator
+};
+
+// What the group holds registered, and what registering on first use cost.
+struct RegistrationStats {
+  size_t registrations = 0; // live, on the communicator and its twin
+  size_t bytes = 0;
+  size_t firstUses = 0;       // registrations an op made
+  double firstUseSeconds = 0; // their time, all together
+};
 
 // What an op asks of routing (NcclCoreBackend::prepare fills it in).
 struct RouteQuery {
@@ -64,7 +83,7 @@ class CommRoutes final : public CommunicatorListener,
   // on; `engines` (over `comm`) may run ops in NCCL's place.
   static std::shared_ptr<CommRoutes> attach(
       std::shared_ptr<Communicator> comm,
-      bool autoRegister,
+      AutoRegistration autoRegister,
       Engines engines);
   CommRoutes(const CommRoutes&) = delete;
   CommRoutes& operator=(const CommRoutes&) = delete;
@@ -74,6 +93,11 @@ class CommRoutes final : public CommunicatorListener,
   Route route(const RouteQuery& query);
   // Registers what `route` found unregistered (local, may take a while).
   void registerMemory(Route& route);
+  // Registers `segments` (torch allocator segments on this communicator's
+  // device) with the group's communicator now; the buffers, one a segment.
+  std::vector<std::shared_ptr<RegisteredBuffer>>
+  registerSegments(const std::vector<Segment>& segments);
+  RegistrationStats registrationStats() const;
 
   // The twin; null before the first symmetric window.
   std::shared_ptr<Communicator> twin() const;
@@ -94,7 +118,7 @@ class CommRoutes final : public CommunicatorListener,
  private:
   CommRoutes(
       std::shared_ptr<Communicator> comm,
-      bool autoRegister,
+      AutoRegistration autoRegister,
       Engines engines);
 
   // What is known of one NCCL allocation, by id.
@@ -102,6 +126,10 @@ class CommRoutes final : public CommunicatorListener,
     std::vector<std::weak_ptr<Window>> windows; // of the group's communicator
     std::shared_ptr<RegisteredBuffer> onComm;   // automatic registrations
     std::shared_ptr<RegisteredBuffer> onTwin;
+    // NCCL refused to register this caching-allocator memory (an expandable
+    // range of several physical allocations, before NCCL 2.29): its ops run
+    // unregistered, NCCL copying it.
+    bool unregistrable = false;
   };
   // An op's NCCL tensor as the lookup found it.
   struct Touched {
@@ -109,6 +137,7 @@ class CommRoutes final : public CommunicatorListener,
     int windowFlags = -1; // -1: in no window; else the covering one's flags
     bool onComm = false;  // registered there already
     bool onTwin = false;
+    bool unregistrable = false;
   };
   // The op's NCCL tensors, each with its allocation.
   using Found = c10::SmallVector<std::pair<const at::Tensor*, Allocation>, 4>;
@@ -119,13 +148,26 @@ class CommRoutes final : public CommunicatorListener,
     std::shared_ptr<Communicator> twin;
   };
   Lookup lookUp(const Found& found) const;
+  // Registers `allocation` with `comm`; null where NCCL refused memory of
+  // torch's allocator, which is then marked unregistrable.
+  std::shared_ptr<RegisteredBuffer>
+  tryRegister(Communicator& comm, const Allocation& allocation);
+  // Keeps `made` as the registration of `allocation` on the communicator (or
+  // its twin) unless another thread's op made one meanwhile: the one kept.
+  std::shared_ptr<RegisteredBuffer> keep(
+      uint64_t allocation,
+      bool onTwin,
+      std::shared_ptr<RegisteredBuffer> made);
   // An engine's run of `query` when one suits it.
   EngineRun engineFor(const RouteQuery& query);
   // Whether an engine's staging is mapped by the peers.
   bool hasStaging() const;
 
   const std::shared_ptr<Communicator> comm_;
-  const bool autoRegister_;
+  const AutoRegistration autoRegister_;
+  // Registrations ops made, and their time (registrationStats).
+  std::atomic<size_t> firstUses_{0};
+  std::atomic<int64_t> firstUseNanos_{0};
 
   // Read by every op that touches NCCL memory, written on registration,
   // window and free.

@@ -48,8 +48,9 @@ registerTensorWindow(Communicator& comm, const at::Tensor& tensor, int flags) {
       "windows need NCCL >= 2.27 at run time");
   checkRegistrable(comm, tensor, kOp);
   checkWindowFlags(flags);
+  const auto allocation = findAllocation(tensor.data_ptr(), tensor.nbytes());
   NCCL_CORE_CHECK_ARG(
-      findAllocation(tensor.data_ptr(), tensor.nbytes()).has_value(),
+      allocation && allocation->kind == MemoryKind::Nccl,
       kOp,
       "the tensor must lie in NCCL memory "
       "(torch_nccl_core.empty, mem_pool, or a group's allocate_tensor); it "

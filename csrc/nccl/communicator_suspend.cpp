@@ -1,0 +1,90 @@
+// Communicator::suspend / resume / memoryStats: NCCL's communicator memory
+// offload (ncclCommSuspend, ncclCommResume, ncclCommMemStats; NCCL >= 2.29.7),
+// which c10d::Backend's suspend(), resume() and getMemoryStats() expose.
+#include <c10/util/Exception.h>
+
+#include "nccl/api.h"
+#include "nccl/communicator.h"
+#include "nccl/errors.h"
+#include "nccl/version.h"
+
+namespace nccl_core {
+
+void Communicator::requireSuspendSupport(const char* op) {
+  const NcclApi& api = nccl();
+  const NcclVersion& loaded = runtimeVersion();
+  NCCL_CORE_CHECK_SUPPORTED(
+      api.commSuspend != nullptr && api.commResume != nullptr &&
+          api.commMemStats != nullptr,
+      op,
+      "needs NCCL >= 2.29.7 (ncclCommSuspend, ncclCommResume, "
+      "ncclCommMemStats); NCCL ",
+      loaded.major,
+      ".",
+      loaded.minor,
+      ".",
+      loaded.patch,
+      " is loaded");
+}
+
+Communicator& Communicator::refuseWhileSuspended() {
+  NCCL_CORE_CHECK_STATE(
+      !isSuspended(),
+      label_,
+      "is suspended: NCCL released its memory and takes no work until "
+      "resume()");
+  return *this;
+}
+
+void Communicator::suspend() {
+  requireSuspendSupport("suspend");
+  std::lock_guard<std::mutex> lock(suspendMutex_);
+  if (isSuspended()) {
+    return;
+  }
+  DeviceGuard guard(device_);
+  ncclResult_t result = ncclSuccess;
+  {
+    const Use use(*this);
+    result = nccl().commSuspend(use.handle(), kSuspendMemory);
+  }
+  check(result, "ncclCommSuspend");
+  suspended_.store(true, std::memory_order_release);
+}
+
+void Communicator::resume() {
+  requireSuspendSupport("resume");
+  std::lock_guard<std::mutex> lock(suspendMutex_);
+  if (!isSuspended()) {
+    return;
+  }
+  DeviceGuard guard(device_);
+  ncclResult_t result = ncclSuccess;
+  {
+    const Use use(*this);
+    result = nccl().commResume(use.handle());
+  }
+  check(result, "ncclCommResume");
+  suspended_.store(false, std::memory_order_release);
+}
+
+Communicator::MemoryStats Communicator::memoryStats() {
+  requireSuspendSupport("memory_stats");
+  const auto read = [this](NcclMemStat stat) {
+    uint64_t value = 0;
+    ncclResult_t result = ncclSuccess;
+    {
+      const Use use(*this);
+      result = nccl().commMemStats(use.handle(), stat, &value);
+    }
+    check(result, "ncclCommMemStats");
+    return value;
+  };
+  return MemoryStats{
+      read(kMemStatSuspendable),
+      read(kMemStatPersistent),
+      read(kMemStatTotal),
+      read(kMemStatSuspended) != 0};
+}
+
+} // namespace nccl_core

@@ -1,0 +1,88 @@
+"""suspend / resume / memory_stats: NCCL's memory offload of a group (NCCL >= 2.29.7).
+
+Where the loaded NCCL has it, a suspend releases NCCL's device memory (measured), the group's
+ops are refused until resume, and ops after resume are right; where it has not, every call
+names the NCCL it needs and the group goes on. Every rank loads the same NCCL, so every rank
+makes the same skip decision.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import torch_nccl_core
+
+from .helpers import assert_equal, assert_raised, probe_group, raised_by
+
+OFFLOAD = torch_nccl_core.features()["suspend_resume"]
+CALLS = {
+    "suspend": torch_nccl_core.suspend,
+    "resume": torch_nccl_core.resume,
+    "memory_stats": torch_nccl_core.memory_stats,
+}
+
+
+@pytest.mark.skipif(OFFLOAD, reason="the loaded NCCL has ncclCommSuspend: no refusal to test")
+def test_without_nccls_offload_each_call_names_the_nccl_it_needs(device):
+    group = dist.new_group(backend="nccl_core")
+    probe_group(group)  # the communicator exists
+    errors = {name: raised_by(lambda call=call: call(group)) for name, call in CALLS.items()}
+    result, expected = probe_group(group)
+    torch.cuda.synchronize(device)
+    dist.destroy_process_group(group)
+    for name, error in errors.items():
+        assert_raised(error, NotImplementedError, f"nccl_core {name}: needs NCCL >= 2.29.7")
+    assert_equal(result, expected)
+
+
+@pytest.mark.skipif(not OFFLOAD, reason="needs NCCL >= 2.29.7 (ncclCommSuspend): .ci/gpu_nccl")
+def test_suspend_releases_nccls_memory_and_resume_restores_the_group(device):
+    group = dist.new_group(backend="nccl_core")
+    probe_group(group)
+    torch.cuda.synchronize(device)
+    before = torch_nccl_core.memory_stats(group)
+    free_before = torch.cuda.mem_get_info(device)[0]
+    torch_nccl_core.suspend(group)
+    torch_nccl_core.suspend(group)  # idempotent
+    dist.barrier()  # every rank suspended (ranks may share this GPU)
+    during = torch_nccl_core.memory_stats(group)
+    free_during = torch.cuda.mem_get_info(device)[0]
+    refused = raised_by(lambda: probe_group(group))
+    torch_nccl_core.resume(group)
+    torch_nccl_core.resume(group)
+    result, expected = probe_group(group)
+    torch.cuda.synchronize(device)
+    after = torch_nccl_core.memory_stats(group)
+    dist.destroy_process_group(group)
+    assert before["suspend"] > 0 and before["suspended"] == 0, before
+    assert during["suspended"] == 1 and after["suspended"] == 0, (during, after)
+    assert free_during - free_before >= before["suspend"], (free_before, free_during, before)
+    assert_raised(refused, RuntimeError, "is suspended.*resume")
+    assert_equal(result, expected)
+
+
+@pytest.mark.skipif(not OFFLOAD, reason="needs NCCL >= 2.29.7 (ncclCommSuspend): .ci/gpu_nccl")
+def test_suspend_with_an_op_in_flight_is_refused_before_nccl(rank, device):
+    group = dist.new_group(backend="nccl_core")
+    probe_group(group)
+    torch.cuda.synchronize(device)
+    if rank == 1:
+        time.sleep(1.0)  # rank 0's all_reduce waits for this one meanwhile
+    tensor = torch.ones(1024, device=device)
+    work = dist.all_reduce(tensor, group=group, async_op=True)
+    in_flight = raised_by(lambda: torch_nccl_core.suspend(group)) if rank == 0 else None
+    work.wait()
+    torch.cuda.synchronize(device)
+    stats = torch_nccl_core.memory_stats(group)
+    result, expected = probe_group(group)
+    torch.cuda.synchronize(device)
+    dist.destroy_process_group(group)
+    if rank == 0:
+        assert_raised(in_flight, RuntimeError, "have not finished")
+    assert stats["suspended"] == 0, stats
+    assert_equal(tensor, torch.full_like(tensor, dist.get_world_size()))
+    assert_equal(result, expected)
