@@ -2,6 +2,7 @@
 
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <mutex>
@@ -64,6 +65,10 @@ void noteSegmentEvent(
 void trackCachingAllocatorSegments() {
   static std::once_flag attached;
   std::call_once(attached, [] {
+    // torch makes its per-device allocators at CUDA's lazy initialization,
+    // and a tracker attached before that reaches none of them: made now
+    // (idempotent, as torch's own initialization calls it).
+    allocator::init(c10::cuda::device_count());
     // Attached first: a segment made meanwhile is recorded by both, once.
     allocator::attachAllocatorTraceTracker(&onTrace);
     const auto snapshot = allocator::snapshot({0, 0}, /*include_traces=*/false);
