@@ -15,7 +15,9 @@ class Options:
 
     Raises:
         ValueError: a value is out of range (``min_ctas``/``max_ctas`` in [1, 64] with
-            ``min_ctas <= max_ctas``, ``cga_cluster_size`` in [0, 8], positive ``timeout``).
+            ``min_ctas <= max_ctas``, ``cga_cluster_size`` in [0, 8], positive ``timeout``,
+            ``cta_policy`` one of ``'default'``, ``'efficiency'``, ``'zero'``).
+        NotImplementedError: ``cta_policy='zero'`` where the loaded NCCL is older than 2.30.7.
     """
 
     timeout: timedelta | None
@@ -30,6 +32,7 @@ class Options:
     copy_engine_reduce_scatter: bool | None
     one_shot_all_reduce: bool | None
     register_caching_allocator: bool | None
+    cta_policy: str | None
     def __init__(
         self,
         *,
@@ -45,6 +48,7 @@ class Options:
         copy_engine_reduce_scatter: bool | None = None,
         one_shot_all_reduce: bool | None = None,
         register_caching_allocator: bool | None = None,
+        cta_policy: str | None = None,
     ) -> None: ...
 
 class GroupOptions(Backend.Options):

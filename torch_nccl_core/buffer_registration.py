@@ -51,7 +51,8 @@ def registration_stats(group: dist.ProcessGroup | None = None) -> dict[str, int 
     """What ``group`` holds registered with NCCL, and what registering on first use cost.
 
     ``registrations`` and ``bytes``: live registrations on the group's communicator (and its
-    window-free twin); ``first_uses`` and ``first_use_seconds``: the registrations ops made on
-    first use since the group began, and their time all together.
+    window-free twin); ``first_uses`` and ``first_use_seconds``: the registrations ops asked
+    NCCL for on first use since the group began (those NCCL refused included), and their time
+    all together.
     """
     return dict(backend(group).registration_stats())

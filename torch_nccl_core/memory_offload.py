@@ -17,13 +17,15 @@ __all__ = ["memory_stats", "resume", "suspend"]
 def suspend(group: dist.ProcessGroup | None = None) -> None:
     """Releases the memory NCCL can release for ``group`` (default: the world group).
 
-    Every op of the group must have finished. Until :func:`resume`, the group's ops raise
-    ``RuntimeError`` before anything is enqueued. A second call does nothing.
+    Collective: every rank of the group calls it (NCCL's suspend is a barrier of all ranks).
+    Every op of the group must have finished on the GPU. The ranks agree first: where one
+    cannot suspend, every rank raises and nothing is suspended. Until :func:`resume`, the
+    group's ops raise ``RuntimeError`` before anything is enqueued. A second call does nothing.
 
     Raises:
         NotImplementedError: the loaded NCCL is older than 2.29.7.
-        RuntimeError: ops of the group are unfinished, CUDA graphs that captured its ops are
-            alive, or a coalescing block is open.
+        RuntimeError: on some rank, ops of the group are unfinished, CUDA graphs that captured
+            its ops are alive, or a coalescing block is open.
         ValueError: the group's CUDA backend is not ``nccl_core``.
         torch.distributed.DistBackendError: the group has failed, or NCCL failed the call.
     """
@@ -31,7 +33,8 @@ def suspend(group: dist.ProcessGroup | None = None) -> None:
 
 
 def resume(group: dist.ProcessGroup | None = None) -> None:
-    """Restores what :func:`suspend` released; the group takes ops again. Idempotent.
+    """Restores what :func:`suspend` released; the group takes ops again. Collective, like
+    :func:`suspend`; idempotent.
 
     Raises:
         NotImplementedError: the loaded NCCL is older than 2.29.7.

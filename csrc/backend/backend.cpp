@@ -69,11 +69,11 @@ NcclCoreBackend::NcclCoreBackend(
               .value_or(true)),
       timing_(
           c10::utils::check_env("TORCH_NCCL_ENABLE_TIMING").value_or(false)),
-      nanCheck_(nanCheckRequested()) {
+      nanCheck_(nanCheckRequested()),
+      registersSegments_(
+          options_->registersCachingAllocator() &&
+          trackCachingAllocatorSegments()) {
   options_->validate();
-  if (options_->registersCachingAllocator()) {
-    trackCachingAllocatorSegments();
-  }
   if (FlightRecorder::process().enabled()) {
     // First of the abort hooks: the dump shows the group as it failed.
     hooks_->abort.add(
@@ -217,7 +217,7 @@ void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
   std::lock_guard<std::mutex> timeoutLock(timeoutMutex_);
   routes_ = CommRoutes::attach(
       comm_,
-      AutoRegistration{autoRegister_, options_->registersCachingAllocator()},
+      AutoRegistration{autoRegister_, registersSegments_},
       makeEngines(*comm_, *events_, *options_));
   routes_->setTimeout(timeout_.load());
   watchdog_ = std::make_unique<Watchdog>(

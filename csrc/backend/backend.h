@@ -301,8 +301,9 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   // NCCL's memory offload of the group's communicators (backend/suspend.cpp,
   // NCCL >= 2.29.7): suspendGroup() releases what NCCL can release once every
   // op of the group finished, and ops are refused until resumeGroup()
-  // restores it; both idempotent. groupMemoryStats() reads NCCL's memory of
-  // them, under the keys torch's own NCCL backend uses.
+  // restores it; both collective (every rank calls them, in the same order)
+  // and idempotent. groupMemoryStats() reads NCCL's memory of them, under the
+  // keys torch's own NCCL backend uses.
   // Registers the segments torch's allocator holds now in memory pool `pool`
   // with the group's communicator (torch's ProcessGroupNCCL::registerMemPool;
   // backend/memory_pools.cpp); deregisterMemPool drops them, and torch's
@@ -469,6 +470,14 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   void abandonCoalescing() noexcept;
   // The group's communicator and its window-free twin, those made so far.
   std::vector<std::shared_ptr<Communicator>> madeCommunicators();
+  // Why this rank cannot suspend the group now; empty if it can.
+  std::string suspendRefusal();
+  // The ranks agree in the store that each can run the collective `op`;
+  // RuntimeError on every rank if one cannot (`mine`: this rank's reason).
+  void agreeToGoAhead(const char* op, const std::string& mine);
+  // `call` on every communicator of the group, timed like an op; a failure
+  // fails the group.
+  void runOffload(const char* op, void (Communicator::*call)());
   // A store key of this communicator incarnation: a group re-created under
   // the same name (re-init in one process) never reads the previous one's.
   std::string storeKey(const char* name) const;
@@ -489,6 +498,8 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   // shrink() calls on this group: each meeting of the ranks that stay gets
   // keys of its own.
   int64_t shrinks_ = 0;
+  // suspend() meetings, likewise.
+  int64_t offloads_ = 0;
 
   std::shared_ptr<FailureState> failure_ = std::make_shared<FailureState>();
   const std::shared_ptr<BackendHooks> hooks_ = std::make_shared<BackendHooks>();
@@ -516,6 +527,9 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   std::atomic<bool> timing_;
   // TORCH_NCCL_NAN_CHECK: refuse ops that send NaN (backend/ops/nan_check.h).
   const bool nanCheck_;
+  // Options.register_caching_allocator, where torch's allocator is one whose
+  // segments can be tracked.
+  const bool registersSegments_;
   std::unique_ptr<at::cuda::MemPool> memPool_; // for allocateTensor
   // The twin, the copy engine and automatic registration; made with the
   // communicator.

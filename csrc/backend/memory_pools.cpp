@@ -19,9 +19,13 @@ std::string poolName(c10::MempoolId_t pool) {
 
 void NcclCoreBackend::registerMemPool(c10::MempoolId_t pool) {
   constexpr const char* kOp = "register_mem_pool";
-  Communicator& comm = communicator(deviceForOpWithoutTensors({}));
   // Its later frees must drop what is registered now.
-  trackCachingAllocatorSegments();
+  NCCL_CORE_CHECK_SUPPORTED(
+      trackCachingAllocatorSegments(),
+      kOp,
+      "needs torch's native CUDA caching allocator, whose segments can be "
+      "tracked (PYTORCH_CUDA_ALLOC_CONF chose another)");
+  Communicator& comm = communicator(deviceForOpWithoutTensors({}));
   std::lock_guard<std::mutex> lock(poolsMutex_);
   NCCL_CORE_CHECK_ARG(
       pools_.count(pool) == 0,

@@ -4,10 +4,67 @@
 #include <c10/util/env.h>
 
 #include "nccl/errors.h"
+#include "nccl/version.h"
 
 namespace nccl_core {
 
+namespace {
+
+// NCCL_CTA_POLICY_* by name, and the NCCL release that has each.
+struct CtaPolicy {
+  const char* name;
+  int value;
+  int minCode;
+};
+constexpr CtaPolicy kCtaPolicies[] = {
+    {"default", 0x00, NCCL_VERSION(2, 27, 0)},
+    {"efficiency", 0x01, NCCL_VERSION(2, 27, 0)},
+    {"zero", 0x02, NCCL_VERSION(2, 30, 7)}};
+
+const CtaPolicy* ctaPolicyNamed(const std::string& name) {
+  for (const CtaPolicy& policy : kCtaPolicies) {
+    if (name == policy.name) {
+      return &policy;
+    }
+  }
+  return nullptr;
+}
+
+void validateCtaPolicy(const std::string& name) {
+  const CtaPolicy* policy = ctaPolicyNamed(name);
+  NCCL_CORE_CHECK_ARG(
+      policy != nullptr,
+      "Options",
+      "cta_policy must be 'default', 'efficiency' or 'zero', got '",
+      name,
+      "'");
+  const NcclVersion& loaded = runtimeVersion();
+  NCCL_CORE_CHECK_SUPPORTED(
+      loaded.code >= policy->minCode,
+      "Options",
+      "cta_policy='",
+      name,
+      "' needs NCCL >= ",
+      policy->minCode / 10000,
+      ".",
+      policy->minCode % 10000 / 100,
+      ".",
+      policy->minCode % 100,
+      "; NCCL ",
+      loaded.major,
+      ".",
+      loaded.minor,
+      ".",
+      loaded.patch,
+      " is loaded");
+}
+
+} // namespace
+
 void NcclCoreOptions::validate() const {
+  if (ctaPolicy) {
+    validateCtaPolicy(*ctaPolicy);
+  }
   if (timeout) {
     NCCL_CORE_CHECK_ARG(
         timeout->count() > 0,
@@ -79,6 +136,11 @@ ncclConfig_t NcclCoreOptions::toNcclConfig() const {
   }
   if (commName) {
     config.commName = commName->c_str();
+  }
+  if (ctaPolicy) {
+    if (const CtaPolicy* policy = ctaPolicyNamed(*ctaPolicy)) {
+      config.CTAPolicy = policy->value;
+    }
   }
   return config;
 }

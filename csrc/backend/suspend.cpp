@@ -1,8 +1,13 @@
 // NcclCoreBackend's memory offload: NCCL's ncclCommSuspend / ncclCommResume /
-// ncclCommMemStats over the group's communicator and its window-free twin,
-// with the states in which releasing NCCL's memory would break an op refused
-// before NCCL is called.
+// ncclCommMemStats over the group's communicator and its window-free twin.
+// Suspend and resume are collective in NCCL (a barrier of every rank in its
+// memory manager), so the ranks first agree in the store that every one of
+// them can go ahead: either all call NCCL or none does, and a refusal leaves
+// the group usable on every rank.
+#include <numeric>
+
 #include "backend/backend.h"
+#include "backend/runtime/rendezvous.h"
 #include "nccl/errors.h"
 
 namespace nccl_core {
@@ -19,59 +24,100 @@ NcclCoreBackend::madeCommunicators() {
   return comms;
 }
 
+std::string NcclCoreBackend::suspendRefusal() {
+  if (coalescing_) {
+    return "a coalescing block is open; end it first";
+  }
+  for (const auto& comm : madeCommunicators()) {
+    if (comm->liveGraphs() > 0) {
+      return c10::str(
+          comm->liveGraphs(),
+          " CUDA graph(s) that captured ops of the group are alive, and a "
+          "replay would use the memory NCCL releases; destroy them first");
+    }
+  }
+  if (watchdog_ && !watchdog_->quiescent()) {
+    return "ops of the group have not finished on the GPU, and NCCL would "
+           "release memory they use; wait for them (Work.wait() and a "
+           "synchronize of their streams) first";
+  }
+  return "";
+}
+
+void NcclCoreBackend::agreeToGoAhead(const char* op, const std::string& mine) {
+  std::vector<int> ranks(getSize());
+  std::iota(ranks.begin(), ranks.end(), 0);
+  const std::string meeting = c10::str(op, "/", ++offloads_);
+  const int64_t refusing = meet(
+      *store_,
+      storeKey(meeting.c_str()),
+      getRank(),
+      ranks,
+      mine.empty() ? 0 : 1,
+      timeout_.load(),
+      c10::str("group '", *groupName_, "'"));
+  NCCL_CORE_CHECK_STATE(
+      refusing == 0,
+      op,
+      "group '",
+      *groupName_,
+      "' did not ",
+      op,
+      ": ",
+      mine.empty()
+          ? c10::str(refusing, " of its ranks could not (see their errors)")
+          : c10::str("on this rank ", mine));
+}
+
+void NcclCoreBackend::runOffload(const char* op, void (Communicator::*call)()) {
+  const auto comms = madeCommunicators();
+  if (comms.empty()) {
+    return; // no communicator yet: NCCL holds no memory for the group
+  }
+  // Timed like an op: a rank that never comes is ended by the watchdog's
+  // abort, which revokes the communicator under the call.
+  const uint64_t seq = ++seq_;
+  const Watchdog::Enqueueing timed(*watchdog_, op, seq, timeout_.load());
+  try {
+    for (const auto& comm : comms) {
+      ((*comm).*call)();
+    }
+  } catch (const c10::DistBackendError& e) {
+    // Another collective call could not undo a half-done one on every rank.
+    const std::string reason = c10::str(
+        "nccl_core ",
+        op,
+        " (seq ",
+        seq,
+        ") on group '",
+        *groupName_,
+        "' failed: ",
+        e.what_without_backtrace());
+    watchdog_->fail(reason, /*tellPeers=*/true);
+    C10_THROW_ERROR(DistBackendError, reason);
+  }
+}
+
 void NcclCoreBackend::suspendGroup() {
   constexpr const char* kOp = "suspend";
   Communicator::requireSuspendSupport(kOp);
   failure_->raiseIfFailed();
-  NCCL_CORE_CHECK_STATE(
-      !coalescing_,
-      kOp,
-      "group '",
-      *groupName_,
-      "' is inside a coalescing block; end it first");
   if (suspended_.load()) {
     return;
   }
-  const auto comms = madeCommunicators();
-  for (const auto& comm : comms) {
-    NCCL_CORE_CHECK_STATE(
-        comm->liveGraphs() == 0,
-        kOp,
-        comm->liveGraphs(),
-        " CUDA graph(s) that captured ops of group '",
-        *groupName_,
-        "' are alive, and a replay would use the memory NCCL releases; "
-        "destroy them first");
-  }
-  NCCL_CORE_CHECK_STATE(
-      !watchdog_ || watchdog_->idle(),
-      kOp,
-      "ops of group '",
-      *groupName_,
-      "' have not finished, and NCCL would release memory they use; wait for "
-      "them (Work.wait() and a synchronize of their streams) first");
-  for (size_t done = 0; done < comms.size(); ++done) {
-    try {
-      comms[done]->suspend();
-    } catch (...) {
-      for (size_t i = 0; i < done; ++i) {
-        comms[i]->resume(); // all or nothing
-      }
-      throw;
-    }
-  }
+  agreeToGoAhead(kOp, suspendRefusal());
+  runOffload(kOp, &Communicator::suspend);
   suspended_.store(true);
 }
 
 void NcclCoreBackend::resumeGroup() {
-  Communicator::requireSuspendSupport("resume");
+  constexpr const char* kOp = "resume";
+  Communicator::requireSuspendSupport(kOp);
   failure_->raiseIfFailed();
   if (!suspended_.load()) {
     return;
   }
-  for (const auto& comm : madeCommunicators()) {
-    comm->resume();
-  }
+  runOffload(kOp, &Communicator::resume);
   suspended_.store(false);
 }
 

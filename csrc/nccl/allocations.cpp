@@ -19,7 +19,13 @@ struct Table {
   uint64_t nextId = 1;
   // Lets ops on ordinary memory skip the lock while no NCCL memory exists.
   std::atomic<size_t> count{0};
+  // The entries of each kind, for groups that look for one kind only.
+  std::atomic<size_t> byKind[2] = {0, 0};
 };
+
+std::atomic<size_t>& countOf(Table& t, MemoryKind kind) {
+  return t.byKind[kind == MemoryKind::Nccl ? 0 : 1];
+}
 
 Table& table() {
   // Never destroyed: NCCL memory may be freed during interpreter exit, after
@@ -66,6 +72,7 @@ void forgetWhere(uintptr_t from, uintptr_t to, Pick pick) {
       const Allocation& a = it->second;
       if (a.base + a.size > from && pick(a)) {
         gone.push_back(a);
+        countOf(t, a.kind).fetch_sub(1, std::memory_order_release);
         it = t.byBase.erase(it);
       } else {
         ++it;
@@ -88,13 +95,32 @@ void forgetWhere(uintptr_t from, uintptr_t to, Pick pick) {
 
 void recordAllocation(void* ptr, size_t size, int device, MemoryKind kind) {
   Table& t = table();
-  std::lock_guard<std::shared_mutex> lock(t.mutex);
   const auto base = reinterpret_cast<uintptr_t>(ptr);
-  if (kind == MemoryKind::CachingAllocator && t.byBase.count(base) != 0) {
-    return;
+  const auto insert = [&] {
+    t.byBase[base] = Allocation{base, size, t.nextId++, device, kind, false};
+    countOf(t, kind).fetch_add(1, std::memory_order_release);
+    t.count.store(t.byBase.size(), std::memory_order_release);
+  };
+  {
+    std::lock_guard<std::shared_mutex> lock(t.mutex);
+    const auto known = t.byBase.find(base);
+    if (known == t.byBase.end()) {
+      insert();
+      return;
+    }
+    // NCCL memory a MemPool hands out, or the same segment seen twice.
+    const Allocation& a = known->second;
+    if (kind == MemoryKind::CachingAllocator &&
+        (a.kind == MemoryKind::Nccl || a.size == size)) {
+      return;
+    }
   }
-  t.byBase[base] = Allocation{base, size, t.nextId++, device, kind, false};
-  t.count.store(t.byBase.size(), std::memory_order_release);
+  // A stale record at this address (its free went unseen): its
+  // registrations go first.
+  forgetWhere(
+      base, base + 1, [base](const Allocation& a) { return a.base == base; });
+  std::lock_guard<std::shared_mutex> lock(t.mutex);
+  insert();
 }
 
 void forgetAllocation(void* ptr) {
@@ -112,13 +138,7 @@ void forgetAllocations(const void* ptr, size_t size, MemoryKind kind) {
 }
 
 size_t allocationCount(MemoryKind kind) {
-  Table& t = table();
-  std::shared_lock<std::shared_mutex> lock(t.mutex);
-  size_t count = 0;
-  for (const auto& [base, allocation] : t.byBase) {
-    count += allocation.kind == kind ? 1 : 0;
-  }
-  return count;
+  return countOf(table(), kind).load(std::memory_order_acquire);
 }
 
 std::optional<Allocation> findAllocation(const void* ptr, size_t bytes) {

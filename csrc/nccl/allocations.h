@@ -55,7 +55,7 @@ void forgetAllocation(void* ptr);
 // tells every live observer of each.
 void forgetAllocations(const void* ptr, size_t size, MemoryKind kind);
 
-// How many allocations of `kind` are recorded.
+// How many allocations of `kind` are recorded; lock-free.
 size_t allocationCount(MemoryKind kind);
 
 // The allocation holding [ptr, ptr + bytes), if that range is NCCL memory.

@@ -4,8 +4,10 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Logging.h>
 
-#include <mutex>
+#include <optional>
+#include <string>
 
 #include "nccl/allocations.h"
 
@@ -15,36 +17,38 @@ namespace {
 
 namespace allocator = c10::cuda::CUDACachingAllocator;
 
+std::optional<SegmentEvent> eventOf(allocator::TraceEntry::Action action) {
+  using Action = allocator::TraceEntry::Action;
+  switch (action) {
+    case Action::SEGMENT_ALLOC:
+      return SegmentEvent::Allocated;
+    case Action::SEGMENT_MAP:
+      return SegmentEvent::Mapped;
+    case Action::SEGMENT_FREE:
+      return SegmentEvent::Freed;
+    case Action::SEGMENT_UNMAP:
+      return SegmentEvent::Unmapped;
+    default:
+      return std::nullopt;
+  }
+}
+
 // Called by torch with its allocator's lock held: it touches only the
 // allocation table, and its observers close NCCL registrations (as torch's
 // own deregistration hook does).
 void onTrace(const allocator::TraceEntry& entry) {
-  using Action = allocator::TraceEntry::Action;
-  switch (entry.action_) {
-    case Action::SEGMENT_ALLOC:
-      noteSegmentEvent(
-          SegmentEvent::Allocated, entry.addr_, entry.size_, entry.device_);
-      break;
-    case Action::SEGMENT_MAP:
-      noteSegmentEvent(
-          SegmentEvent::Mapped, entry.addr_, entry.size_, entry.device_);
-      break;
-    case Action::SEGMENT_FREE: {
-      // torch's cudaFree right after waits for the device anyway; waiting
-      // first means no registration goes under a kernel still using it.
-      const c10::cuda::CUDAGuard guard(entry.device_);
-      C10_CUDA_CHECK_WARN(cudaDeviceSynchronize());
-      noteSegmentEvent(
-          SegmentEvent::Freed, entry.addr_, entry.size_, entry.device_);
-      break;
-    }
-    case Action::SEGMENT_UNMAP:
-      noteSegmentEvent(
-          SegmentEvent::Unmapped, entry.addr_, entry.size_, entry.device_);
-      break;
-    default:
-      break;
+  const auto event = eventOf(entry.action_);
+  if (!event) {
+    return;
   }
+  if (*event == SegmentEvent::Freed || *event == SegmentEvent::Unmapped) {
+    // No registration goes under a kernel still using the memory (an unmap
+    // drops the whole range it cuts into): torch's cudaFree right after a
+    // free waits for the device anyway, and unmaps are rare.
+    const c10::cuda::CUDAGuard guard(entry.device_);
+    C10_CUDA_CHECK_WARN(cudaDeviceSynchronize());
+  }
+  noteSegmentEvent(*event, entry.addr_, entry.size_, entry.device_);
 }
 
 } // namespace
@@ -62,15 +66,23 @@ void noteSegmentEvent(
   }
 }
 
-void trackCachingAllocatorSegments() {
-  static std::once_flag attached;
-  std::call_once(attached, [] {
-    // torch makes its per-device allocators at CUDA's lazy initialization,
-    // and a tracker attached before that reaches none of them: made now
-    // (idempotent, as torch's own initialization calls it).
-    allocator::init(c10::cuda::device_count());
-    // Attached first: a segment made meanwhile is recorded by both, once.
-    allocator::attachAllocatorTraceTracker(&onTrace);
+namespace {
+
+bool attachTracker() {
+  const std::string name = allocator::get()->name();
+  if (name != "native") {
+    LOG(WARNING) << "[nccl_core] torch's CUDA allocator is '" << name
+                 << "', whose segments cannot be tracked: ops on ordinary "
+                    "tensors run unregistered";
+    return false;
+  }
+  // torch makes its per-device allocators at CUDA's lazy initialization,
+  // and a tracker attached before that reaches none of them: made now
+  // (idempotent, as torch's own initialization calls it).
+  allocator::init(c10::cuda::device_count());
+  // Attached first: a segment made meanwhile is recorded by both, once.
+  allocator::attachAllocatorTraceTracker(&onTrace);
+  try {
     const auto snapshot = allocator::snapshot({0, 0}, /*include_traces=*/false);
     for (const auto& segment : snapshot.segments) {
       if (!segment.is_expandable) {
@@ -81,7 +93,19 @@ void trackCachingAllocatorSegments() {
             segment.device);
       }
     }
-  });
+  } catch (const std::exception& e) {
+    LOG(WARNING) << "[nccl_core] the segments torch's allocator holds already "
+                    "stay untracked (run unregistered): "
+                 << e.what();
+  }
+  return true;
+}
+
+} // namespace
+
+bool trackCachingAllocatorSegments() {
+  static const bool tracked = attachTracker();
+  return tracked;
 }
 
 std::vector<Segment> segmentsOfPool(c10::MempoolId_t pool) {

@@ -29,8 +29,10 @@ void noteSegmentEvent(
 // cannot detach one), and records the segments that exist already (those of
 // expandable segments are left out: their mapped ranges are not in torch's
 // snapshot). Later segments are recorded as torch allocates them; frees are
-// heard before torch releases the memory, unmaps right after.
-void trackCachingAllocatorSegments();
+// heard before torch releases the memory, unmaps right after. False, with a
+// warning, where torch runs another allocator (cudaMallocAsync, a pluggable
+// one), whose segments cannot be tracked.
+bool trackCachingAllocatorSegments();
 
 // A segment of torch's caching allocator.
 struct Segment {

@@ -485,6 +485,7 @@ std::shared_ptr<Resource> Communicator::track(Args&&... args) {
 
 std::shared_ptr<RegisteredBuffer>
 Communicator::registerBuffer(void* ptr, size_t bytes) {
+  refuseWhileSuspended();
   const auto allocation = findAllocation(ptr, bytes);
   DeviceGuard guard(device_);
   std::lock_guard<std::mutex> lock(mutex_);

@@ -112,11 +112,13 @@ class Communicator final : public AllocationObserver,
   // communicator while one is in progress, which ends that wait. Counted
   // before the Use checks for an abort (abort() sets that, then reads the
   // count): one of the two sees the other.
-  // It is refused (RuntimeError) while the communicator is suspended.
+  // It is refused (RuntimeError) while the communicator is suspended, but
+  // for resume's own call (`whileSuspended`).
   class HostCall {
    public:
-    explicit HostCall(Communicator& comm)
-        : counted_(comm), use_(comm.refuseWhileSuspended()) {}
+    explicit HostCall(Communicator& comm, bool whileSuspended = false)
+        : counted_(comm),
+          use_(whileSuspended ? comm : comm.refuseWhileSuspended()) {}
     ncclComm_t handle() const {
       return use_.handle();
     }
@@ -219,8 +221,10 @@ class Communicator final : public AllocationObserver,
   static void requireSuspendSupport(const char* op);
   // Releases the memory NCCL can release (ncclCommSuspend with
   // NCCL_SUSPEND_MEM); NCCL takes no work on it until resume() restores it,
-  // so host calls are refused meanwhile. Both idempotent; the caller sees to
-  // it that no op of it is in flight and no CUDA graph holds its work.
+  // so host calls are refused meanwhile. Both idempotent, and collective (a
+  // barrier of every rank in NCCL's memory manager): an abort ends a wait
+  // for a rank that never comes. The caller sees to it that no op of it is
+  // in flight and no CUDA graph holds its work.
   void suspend();
   void resume();
   bool isSuspended() const {

@@ -45,8 +45,8 @@ void Communicator::suspend() {
   DeviceGuard guard(device_);
   ncclResult_t result = ncclSuccess;
   {
-    const Use use(*this);
-    result = nccl().commSuspend(use.handle(), kSuspendMemory);
+    const HostCall inside(*this);
+    result = nccl().commSuspend(inside.handle(), kSuspendMemory);
   }
   check(result, "ncclCommSuspend");
   suspended_.store(true, std::memory_order_release);
@@ -61,8 +61,8 @@ void Communicator::resume() {
   DeviceGuard guard(device_);
   ncclResult_t result = ncclSuccess;
   {
-    const Use use(*this);
-    result = nccl().commResume(use.handle());
+    const HostCall inside(*this, /*whileSuspended=*/true);
+    result = nccl().commResume(inside.handle());
   }
   check(result, "ncclCommResume");
   suspended_.store(false, std::memory_order_release);

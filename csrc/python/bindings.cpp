@@ -59,6 +59,8 @@ std::string repr(const NcclCoreOptions& o) {
       opt(o.oneShotAllReduce),
       ", register_caching_allocator=",
       opt(o.registerCachingAllocator),
+      ", cta_policy=",
+      optStr(o.ctaPolicy),
       ")");
 }
 
@@ -86,7 +88,10 @@ never.
 of torch's caching allocator they lie in with NCCL on first use, and torch's
 free of the segment drops it; ``None`` follows
 ``TORCH_NCCL_CORE_REGISTER_ALLOCATOR`` (default off until measured on 2+
-GPUs).)")
+GPUs).
+``cta_policy``: NCCL's CTA policy, ``'default'``, ``'efficiency'`` or
+``'zero'`` (NCCL >= 2.30.7: all_gather and all_to_all on copy engines, no SMs);
+``None`` keeps NCCL's.)")
       .def(
           py::init([](std::optional<std::chrono::milliseconds> timeout,
                       bool highPriorityStream,
@@ -99,7 +104,8 @@ GPUs).)")
                       std::optional<std::string> commName,
                       std::optional<bool> copyEngineReduceScatter,
                       std::optional<bool> oneShotAllReduce,
-                      std::optional<bool> registerCachingAllocator) {
+                      std::optional<bool> registerCachingAllocator,
+                      std::optional<std::string> ctaPolicy) {
             auto o = std::make_shared<NcclCoreOptions>();
             o->timeout = timeout;
             o->highPriorityStream = highPriorityStream;
@@ -113,6 +119,7 @@ GPUs).)")
             o->copyEngineReduceScatter = copyEngineReduceScatter;
             o->oneShotAllReduce = oneShotAllReduce;
             o->registerCachingAllocator = registerCachingAllocator;
+            o->ctaPolicy = std::move(ctaPolicy);
             o->validate();
             return o;
           }),
@@ -128,7 +135,8 @@ GPUs).)")
           py::arg("comm_name") = py::none(),
           py::arg("copy_engine_reduce_scatter") = py::none(),
           py::arg("one_shot_all_reduce") = py::none(),
-          py::arg("register_caching_allocator") = py::none())
+          py::arg("register_caching_allocator") = py::none(),
+          py::arg("cta_policy") = py::none())
       .def_readwrite("timeout", &NcclCoreOptions::timeout)
       .def_readwrite(
           "high_priority_stream", &NcclCoreOptions::highPriorityStream)
@@ -146,6 +154,7 @@ GPUs).)")
       .def_readwrite(
           "register_caching_allocator",
           &NcclCoreOptions::registerCachingAllocator)
+      .def_readwrite("cta_policy", &NcclCoreOptions::ctaPolicy)
       .def("__repr__", &repr);
 }
 
@@ -269,8 +278,8 @@ void bindBackend(py::module_& m) {
                 py::arg("first_use_seconds") = stats.firstUseSeconds);
           },
           "Registrations the group holds (on its communicator and its twin) "
-          "and their bytes; registrations ops made on first use, and their "
-          "time in seconds.")
+          "and their bytes; registrations ops asked NCCL for on first use "
+          "(refused ones included), and their time in seconds.")
       .def(
           "suspend",
           &NcclCoreBackend::suspendGroup,

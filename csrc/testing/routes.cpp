@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -101,11 +102,11 @@ void bindRoutes(py::module_& testing) {
       .def(
           "registration_stats",
           [](CommRoutes& routes) {
-            const RegistrationStats stats = routes.registrationStats();
-            return py::dict(
-                py::arg("registrations") = stats.registrations,
-                py::arg("bytes") = stats.bytes,
-                py::arg("first_uses") = stats.firstUses);
+            const RegistrationStats s = routes.registrationStats();
+            return std::map<std::string, size_t>{
+                {"registrations", s.registrations},
+                {"bytes", s.bytes},
+                {"first_uses", s.firstUses}};
           })
       .def_property_readonly("twin", &CommRoutes::twin)
       .def("set_timeout", &CommRoutes::setTimeout, py::arg("timeout"));

@@ -162,3 +162,22 @@ def test_every_free_reaches_the_communicators_not_only_the_first(fake):
         assert fake.calls("ncclCommDeregister") == freed
     assert comm._resource_count() == 0
     testing.abort(comm)
+
+
+def test_a_stale_segment_record_gives_way_with_its_registrations(fake, segments):
+    """A segment whose free went unseen (freed between torch's snapshot and its recording):
+    whatever is recorded next at its address replaces it, and its registration goes first."""
+    comm, routes = routes_of(True)
+    memory = torch.empty(64 * KiB // 4)
+    testing.note_segment_event("alloc", memory[: 4 * KiB])  # stale: 16 KiB at the address
+    routes.route("all_reduce", [memory[:16]], [memory[:16]])
+    assert comm._resource_count() == 1
+    testing.note_segment_event("alloc", memory)  # a new 64 KiB segment there
+    assert fake.calls("ncclCommDeregister") == 1 and comm._resource_count() == 0
+    routes.route("all_reduce", [memory], [memory])  # the whole new segment is found
+    assert comm._resource_count() == 1
+    testing.record_allocation(memory)  # NCCL memory there now: the segment record goes too
+    assert fake.calls("ncclCommDeregister") == 2 and comm._resource_count() == 0
+    assert testing.caching_allocator_allocations() == 0
+    testing.forget_allocation(memory)
+    testing.abort(comm)

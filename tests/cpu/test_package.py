@@ -1,5 +1,6 @@
 """Package, registration and options: everything checkable without a GPU."""
 
+import ctypes
 import datetime
 import importlib.metadata
 import os
@@ -19,8 +20,11 @@ def test_version_and_nccl_version():
     assert version >= (2, 28, 0)
     # The headers the extension was built with are NCCL >= 2.28 too.
     assert _C.nccl_header_version() >= 22800
-    if torch.cuda.nccl.is_available([]):
-        assert version == torch.cuda.nccl.version()[:3]
+    # The library in the process (torch's, or another one preloaded: .ci/nccl_version), asked
+    # directly; torch.cuda.nccl.version() may give the NCCL torch was built with instead.
+    code = ctypes.c_int()
+    assert ctypes.CDLL("libnccl.so.2").ncclGetVersion(ctypes.byref(code)) == 0
+    assert version == (code.value // 10000, code.value % 10000 // 100, code.value % 100)
 
 
 def test_features_follow_the_runtime_version():
@@ -70,6 +74,7 @@ def test_options_defaults_and_round_trip():
         copy_engine_reduce_scatter=False,
         one_shot_all_reduce=True,
         register_caching_allocator=True,
+        cta_policy="efficiency",
     )
     assert o.timeout == datetime.timedelta(seconds=7)
     assert (o.blocking, o.cga_cluster_size, o.min_ctas, o.max_ctas) == (True, 4, 2, 16)
@@ -79,6 +84,7 @@ def test_options_defaults_and_round_trip():
     assert o.one_shot_all_reduce is True and "one_shot_all_reduce=True" in repr(o)
     assert o.register_caching_allocator is True
     assert "register_caching_allocator=True" in repr(o)
+    assert o.cta_policy == "efficiency" and "cta_policy='efficiency'" in repr(o)
     assert "comm_name='trainer'" in repr(o) and "high_priority_stream=True" in repr(o)
 
 
@@ -90,6 +96,7 @@ def test_options_defaults_and_round_trip():
         ({"min_ctas": 8, "max_ctas": 4}, "must not exceed"),
         ({"cga_cluster_size": 9}, "cga_cluster_size must be in"),
         ({"timeout": datetime.timedelta(seconds=-1)}, "timeout must be positive"),
+        ({"cta_policy": "fast"}, "cta_policy must be 'default', 'efficiency' or 'zero'"),
     ],
 )
 def test_options_reject_out_of_range(kwargs, message):
@@ -217,3 +224,11 @@ def test_each_backend_on_a_store_is_a_new_incarnation(tmp_path):
     for _ in range(3):
         _C.NcclCoreBackend(store, 0, 1, "g", torch_nccl_core.Options(), timeout).shutdown()
     assert store.add("nccl_core/incarnations/rank0", 0) == 3
+
+
+def test_zero_cta_policy_needs_nccl_2_30_7():
+    if torch_nccl_core.nccl_version() >= (2, 30, 7):
+        assert torch_nccl_core.Options(cta_policy="zero").cta_policy == "zero"
+    else:
+        with pytest.raises(NotImplementedError, match=r"cta_policy='zero' needs NCCL >= 2\.30\.7"):
+            torch_nccl_core.Options(cta_policy="zero")

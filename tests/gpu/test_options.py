@@ -14,9 +14,11 @@ from .helpers import (
     SWEEP_NUMEL,
     all_ranks,
     assert_equal,
+    assert_raised,
     concat,
     poisoned,
     probe_group,
+    raised_by,
     rank_tensor,
     reference_reduce,
     ring_peers,
@@ -50,6 +52,36 @@ def test_group_with_options_runs_collectives(rank, name):
     dist.destroy_process_group(group)
     assert_equal(*probe)
     assert_equal(gathered, expected)
+
+
+def test_zero_cta_policy_runs_all_gather_and_all_to_all_or_names_the_nccl_it_needs(
+    rank, world_size
+):
+    """NCCL_CTA_POLICY_ZERO (NCCL >= 2.30.7): results only; whether copy engines ran is NCCL's
+    choice (they need load/store-reachable peers)."""
+    if torch_nccl_core.nccl_version() < (2, 30, 7):  # the same on every rank
+        refused = raised_by(lambda: torch_nccl_core.Options(cta_policy="zero"))
+        assert_raised(refused, NotImplementedError, r"needs NCCL >= 2\.30\.7")
+        return
+    group = dist.new_group(
+        backend="nccl_core", pg_options=torch_nccl_core.Options(cta_policy="zero")
+    )
+    expected = concat(all_ranks(SWEEP_NUMEL, torch.float32))
+    gathered = poisoned(expected)
+    mine = rank_tensor(SWEEP_NUMEL * world_size, torch.float32, rank)
+    dist.all_gather_into_tensor(
+        gathered, rank_tensor(SWEEP_NUMEL, torch.float32, rank), group=group
+    )
+    shuffled = torch.empty_like(mine)
+    dist.all_to_all_single(shuffled, mine, group=group)
+    torch.cuda.synchronize()
+    dist.destroy_process_group(group)
+    assert_equal(gathered, expected)
+    sent_to_me = [
+        rank_tensor(SWEEP_NUMEL * world_size, torch.float32, r).chunk(world_size)[rank]
+        for r in range(world_size)
+    ]
+    assert_equal(shuffled, concat(sent_to_me))
 
 
 def test_nccl_version_is_a_supported_release():

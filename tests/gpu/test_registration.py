@@ -152,3 +152,60 @@ def test_broadcast_leaves_memory_unregistered(rank, fresh_group):
     after_all_reduce = comm._resource_count()
     assert (after_broadcast, after_all_reduce) == (0, 1)
     assert_equal(t, rank_tensor(SWEEP_NUMEL, torch.float32, world - 1) * world)
+
+
+# --- Ordinary PyTorch memory (Options.register_caching_allocator, register_mem_pool) ----------
+
+BIG = 1 << 24  # float32: 64 MiB, a caching-allocator segment of its own after empty_cache
+
+
+def test_ordinary_memory_registers_on_first_use_and_torchs_frees_drop_it(rank, world_size):
+    """Across nodes (ranks sharing a GPU) registration changes nothing NCCL does: what is
+    checked is what is registered and released, and that results stay right while freed
+    segments' addresses come back."""
+    group = dist.new_group(
+        backend="nccl_core",
+        pg_options=torch_nccl_core.Options(register_caching_allocator=True),
+    )
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    start = torch_nccl_core.registration_stats(group)
+    wrong = []
+    for round_ in range(9):
+        numel = BIG + (round_ % 3) * 4096
+        x = rank_tensor(numel, torch.float32, rank, salt=round_)
+        dist.all_reduce(x, group=group)
+        expected = reference_reduce(
+            [rank_tensor(numel, torch.float32, r, salt=round_) for r in range(world_size)], "sum"
+        )
+        if not torch.equal(x, expected):
+            wrong.append(round_)
+        del x, expected
+        if round_ % 3 == 2:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+    end = torch_nccl_core.registration_stats(group)
+    dist.destroy_process_group(group)
+    assert wrong == []
+    assert end["first_uses"] - start["first_uses"] >= 3, (start, end)
+    assert end["registrations"] == start["registrations"], (start, end)
+
+
+def test_a_registered_memory_pool_serves_ops_and_its_end_drops_it(rank, world_size, fresh_group):
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        x = torch.empty(BIG, device="cuda")  # the pool's one segment
+    x.copy_(rank_tensor(BIG, torch.float32, rank))
+    before = torch_nccl_core.registration_stats(fresh_group)
+    torch_nccl_core.register_mem_pool(pool, fresh_group)
+    registered = torch_nccl_core.registration_stats(fresh_group)
+    dist.all_reduce(x, group=fresh_group)
+    torch.cuda.synchronize()
+    correct = torch.equal(x, reference_reduce(all_ranks(BIG, torch.float32), "sum"))
+    del x, pool  # the pool ends while registered
+    torch.cuda.empty_cache()
+    ended = torch_nccl_core.registration_stats(fresh_group)
+    assert correct
+    assert registered["registrations"] == before["registrations"] + 1, (before, registered)
+    assert registered["bytes"] - before["bytes"] == 64 << 20, (before, registered)
+    assert ended["registrations"] == before["registrations"], (before, ended)

@@ -66,23 +66,26 @@ def test_suspend_releases_nccls_memory_and_resume_restores_the_group(device):
 
 
 @pytest.mark.skipif(not OFFLOAD, reason="needs NCCL >= 2.29.7 (ncclCommSuspend): .ci/gpu_nccl")
-def test_suspend_with_an_op_in_flight_is_refused_before_nccl(rank, device):
+def test_suspend_with_an_op_in_flight_on_one_rank_is_refused_on_every_rank(rank, device):
+    """Suspend is collective: rank 0's all_reduce still waits for the last rank when it asks,
+    so every rank refuses, before NCCL, and the group goes on."""
     group = dist.new_group(backend="nccl_core")
     probe_group(group)
     torch.cuda.synchronize(device)
-    if rank == 1:
+    if rank == dist.get_world_size() - 1:
         time.sleep(1.0)  # rank 0's all_reduce waits for this one meanwhile
     tensor = torch.ones(1024, device=device)
     work = dist.all_reduce(tensor, group=group, async_op=True)
-    in_flight = raised_by(lambda: torch_nccl_core.suspend(group)) if rank == 0 else None
+    refused = raised_by(lambda: torch_nccl_core.suspend(group))
     work.wait()
     torch.cuda.synchronize(device)
     stats = torch_nccl_core.memory_stats(group)
     result, expected = probe_group(group)
     torch.cuda.synchronize(device)
     dist.destroy_process_group(group)
+    assert_raised(refused, RuntimeError, "did not suspend")
     if rank == 0:
-        assert_raised(in_flight, RuntimeError, "have not finished")
+        assert_raised(refused, RuntimeError, "on this rank ops of the group have not finished")
     assert stats["suspended"] == 0, stats
     assert_equal(tensor, torch.full_like(tensor, dist.get_world_size()))
     assert_equal(result, expected)

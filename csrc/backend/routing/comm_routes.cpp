@@ -108,7 +108,10 @@ Route CommRoutes::route(const RouteQuery& query) {
   const bool registers =
       (autoRegister_.ncclMemory || autoRegister_.cachingAllocator) &&
       registrationGains(query.type);
-  if (!mayMove && !registers) {
+  // A group that leaves torch's segments alone has nothing to find without
+  // NCCL memory (windows need it too), whatever other groups track.
+  if ((!mayMove && !registers) || (!autoRegister_.cachingAllocator &&
+                                   allocationCount(MemoryKind::Nccl) == 0)) {
     return Route{*comm_};
   }
   // One look per tensor: the allocation table (nothing to find without NCCL

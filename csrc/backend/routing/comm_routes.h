@@ -46,7 +46,7 @@ struct AutoRegistration {
 struct RegistrationStats {
   size_t registrations = 0; // live, on the communicator and its twin
   size_t bytes = 0;
-  size_t firstUses = 0;       // registrations an op made
+  size_t firstUses = 0; // registrations ops asked NCCL for, refused included
   double firstUseSeconds = 0; // their time, all together
 };
 

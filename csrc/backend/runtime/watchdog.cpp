@@ -90,6 +90,18 @@ bool Watchdog::idle() {
   return !oldest || oldest->detail.waitsOnPeers;
 }
 
+bool Watchdog::quiescent() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!std::all_of(pending_.begin(), pending_.end(), [](const auto& work) {
+          return work->gpuDone();
+        })) {
+      return false;
+    }
+  }
+  return !syncOps_.oldestUnfinished(std::chrono::steady_clock::now());
+}
+
 void Watchdog::retire(c10::intrusive_ptr<NcclWork> work) {
   std::lock_guard<std::mutex> lock(retiredMutex_);
   retired_.push_back(std::move(work));

@@ -103,6 +103,10 @@ class Watchdog {
   // Whether every tracked async Work and every synchronous op finished, but
   // for one-sided waits, which shutdown ends rather than waits for.
   bool idle();
+  // Whether nothing of the group is left on the GPU: every tracked async Work
+  // finished there (asked of its event, not of this thread's bookkeeping),
+  // one-sided waits included, and every synchronous op.
+  bool quiescent();
 
   // Drops, on the calling thread, the Work the watchdog retired (its tensors
   // and futures go with it). Cheap when there is none.
