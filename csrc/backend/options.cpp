@@ -38,24 +38,16 @@ void validateCtaPolicy(const std::string& name) {
       "cta_policy must be 'default', 'efficiency' or 'zero', got '",
       name,
       "'");
-  const NcclVersion& loaded = runtimeVersion();
+  const int loaded = runtimeVersion().code;
   NCCL_CORE_CHECK_SUPPORTED(
-      loaded.code >= policy->minCode,
+      loaded >= policy->minCode,
       "Options",
       "cta_policy='",
       name,
       "' needs NCCL >= ",
-      policy->minCode / 10000,
-      ".",
-      policy->minCode % 10000 / 100,
-      ".",
-      policy->minCode % 100,
+      versionText(policy->minCode),
       "; NCCL ",
-      loaded.major,
-      ".",
-      loaded.minor,
-      ".",
-      loaded.patch,
+      versionText(loaded),
       " is loaded");
 }
 

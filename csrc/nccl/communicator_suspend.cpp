@@ -12,18 +12,13 @@ namespace nccl_core {
 
 void Communicator::requireSuspendSupport(const char* op) {
   const NcclApi& api = nccl();
-  const NcclVersion& loaded = runtimeVersion();
   NCCL_CORE_CHECK_SUPPORTED(
       api.commSuspend != nullptr && api.commResume != nullptr &&
           api.commMemStats != nullptr,
       op,
       "needs NCCL >= 2.29.7 (ncclCommSuspend, ncclCommResume, "
       "ncclCommMemStats); NCCL ",
-      loaded.major,
-      ".",
-      loaded.minor,
-      ".",
-      loaded.patch,
+      versionText(runtimeVersion().code),
       " is loaded");
 }
 

@@ -83,6 +83,10 @@ const NcclVersion& runtimeVersion() {
   return version;
 }
 
+std::string versionText(int code) {
+  return c10::str(code / 10000, ".", code % 10000 / 100, ".", code % 100);
+}
+
 bool hasFeature(Feature feature) {
   return runtimeVersion().code >= info(feature).minCode;
 }

@@ -20,6 +20,9 @@ struct NcclVersion {
 // The version of the libnccl.so.2 loaded in this process (not the headers').
 const NcclVersion& runtimeVersion();
 
+// "2.30.7" for NCCL_VERSION(2, 30, 7), as errors name releases.
+std::string versionText(int code);
+
 // Minimum runtime versions of optional features (docs/compatibility.md says
 // which of them the package uses, and how).
 enum class Feature {
