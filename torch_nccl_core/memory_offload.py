@@ -25,9 +25,12 @@ def suspend(group: dist.ProcessGroup | None = None) -> None:
     Raises:
         NotImplementedError: the loaded NCCL is older than 2.29.7.
         RuntimeError: on some rank, ops of the group are unfinished, CUDA graphs that captured
-            its ops are alive, or a coalescing block is open.
+            its ops are alive, or a coalescing block is open; or NCCL refused (a communicator
+            sharing resources through ``split_share``, ``NCCL_MEM_MANAGER_DISABLE=1``). The
+            group stays usable.
         ValueError: the group's CUDA backend is not ``nccl_core``.
-        torch.distributed.DistBackendError: the group has failed, or NCCL failed the call.
+        torch.distributed.DistBackendError: the group has failed, or NCCL failed the call
+            (which fails the group: the ranks could not undo a half-done suspend).
     """
     backend(group).suspend()
 

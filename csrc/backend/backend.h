@@ -476,8 +476,10 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   // RuntimeError on every rank if one cannot (`mine`: this rank's reason).
   void agreeToGoAhead(const char* op, const std::string& mine);
   // `call` on every communicator of the group, timed like an op; a failure
-  // fails the group.
+  // fails the group, but for NCCL's refusal before its barrier.
   void runOffload(const char* op, void (Communicator::*call)());
+  [[noreturn]] void
+  failOffload(const char* op, uint64_t seq, const std::string& cause);
   // A store key of this communicator incarnation: a group re-created under
   // the same name (re-init in one process) never reads the previous one's.
   std::string storeKey(const char* name) const;
@@ -535,8 +537,9 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   // communicator.
   std::shared_ptr<CommRoutes> routes_;
   uint64_t seq_ = 0;
-  // suspendGroup() released NCCL's memory: ops are refused.
-  std::atomic<bool> suspended_{false};
+  // Where suspendGroup() stands: ops are refused unless Active.
+  enum class OffloadState : uint8_t { Active, Suspending, Suspended };
+  std::atomic<OffloadState> offloadState_{OffloadState::Active};
   // Memory pools registered (registerMemPool), with their registrations.
   std::mutex poolsMutex_;
   std::map<c10::MempoolId_t, std::vector<std::shared_ptr<RegisteredBuffer>>>

@@ -160,11 +160,12 @@ OpPlan NcclCoreBackend::prepare(
             failure_->message()));
   }
   NCCL_CORE_CHECK_STATE(
-      !suspended_.load(std::memory_order_relaxed),
+      offloadState_.load(std::memory_order_relaxed) == OffloadState::Active,
       call.name,
       "group '",
       *groupName_,
-      "' is suspended (NCCL released its memory); resume() it first");
+      "' is suspended (NCCL released its memory) or being suspended; "
+      "resume() it first");
   const c10::cuda::CUDAStream current =
       c10::cuda::getCurrentCUDAStream(call.device.index());
   const bool capturing = isCapturing(current.stream());

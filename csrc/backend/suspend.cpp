@@ -25,6 +25,9 @@ NcclCoreBackend::madeCommunicators() {
 }
 
 std::string NcclCoreBackend::suspendRefusal() {
+  if (failure_->failed()) {
+    return c10::str("the group has failed: ", failure_->message());
+  }
   if (coalescing_) {
     return "a coalescing block is open; end it first";
   }
@@ -47,15 +50,24 @@ std::string NcclCoreBackend::suspendRefusal() {
 void NcclCoreBackend::agreeToGoAhead(const char* op, const std::string& mine) {
   std::vector<int> ranks(getSize());
   std::iota(ranks.begin(), ranks.end(), 0);
-  const std::string meeting = c10::str(op, "/", ++offloads_);
+  const int64_t meeting = ++offloads_;
+  const auto prefix = [&](int64_t n) {
+    return storeKey(c10::str(op, "/", n).c_str());
+  };
   const int64_t refusing = meet(
       *store_,
-      storeKey(meeting.c_str()),
+      prefix(meeting),
       getRank(),
       ranks,
       mine.empty() ? 0 : 1,
       timeout_.load(),
-      c10::str("group '", *groupName_, "'"));
+      c10::str("group '", *groupName_, "'"),
+      [this] { return failure_->failed(); });
+  if (getRank() == 0 && meeting > 1) {
+    // Every rank is past the meeting before this one.
+    leaveRendezvous(*store_, prefix(meeting - 1), getSize());
+  }
+  failure_->raiseIfFailed();
   NCCL_CORE_CHECK_STATE(
       refusing == 0,
       op,
@@ -78,47 +90,66 @@ void NcclCoreBackend::runOffload(const char* op, void (Communicator::*call)()) {
   // abort, which revokes the communicator under the call.
   const uint64_t seq = ++seq_;
   const Watchdog::Enqueueing timed(*watchdog_, op, seq, timeout_.load());
-  try {
-    for (const auto& comm : comms) {
-      ((*comm).*call)();
+  for (size_t done = 0; done < comms.size(); ++done) {
+    try {
+      ((*comms[done]).*call)();
+    } catch (const c10::DistBackendError& e) {
+      failOffload(op, seq, e.what_without_backtrace());
+    } catch (const c10::Error& e) {
+      if (done == 0) {
+        throw; // NCCL refused before its barrier, on every rank alike
+      }
+      failOffload(op, seq, e.what_without_backtrace());
     }
-  } catch (const c10::DistBackendError& e) {
-    // Another collective call could not undo a half-done one on every rank.
-    const std::string reason = c10::str(
-        "nccl_core ",
-        op,
-        " (seq ",
-        seq,
-        ") on group '",
-        *groupName_,
-        "' failed: ",
-        e.what_without_backtrace());
-    watchdog_->fail(reason, /*tellPeers=*/true);
-    C10_THROW_ERROR(DistBackendError, reason);
   }
+}
+
+void NcclCoreBackend::failOffload(
+    const char* op,
+    uint64_t seq,
+    const std::string& cause) {
+  // Another collective call could not undo a half-done one on every rank.
+  const std::string reason = c10::str(
+      "nccl_core ",
+      op,
+      " (seq ",
+      seq,
+      ") on group '",
+      *groupName_,
+      "' failed: ",
+      cause);
+  watchdog_->fail(reason, /*tellPeers=*/true);
+  C10_THROW_ERROR(DistBackendError, reason);
 }
 
 void NcclCoreBackend::suspendGroup() {
   constexpr const char* kOp = "suspend";
   Communicator::requireSuspendSupport(kOp);
-  failure_->raiseIfFailed();
-  if (suspended_.load()) {
+  if (offloadState_.load() == OffloadState::Suspended) {
     return;
   }
-  agreeToGoAhead(kOp, suspendRefusal());
-  runOffload(kOp, &Communicator::suspend);
-  suspended_.store(true);
+  // Ops of other threads are refused from here on: none starts while the
+  // ranks decide.
+  offloadState_.store(OffloadState::Suspending);
+  try {
+    agreeToGoAhead(kOp, suspendRefusal());
+    runOffload(kOp, &Communicator::suspend);
+  } catch (...) {
+    offloadState_.store(OffloadState::Active);
+    throw;
+  }
+  offloadState_.store(OffloadState::Suspended);
 }
 
 void NcclCoreBackend::resumeGroup() {
   constexpr const char* kOp = "resume";
   Communicator::requireSuspendSupport(kOp);
   failure_->raiseIfFailed();
-  if (!suspended_.load()) {
+  if (offloadState_.load() != OffloadState::Suspended) {
     return;
   }
   runOffload(kOp, &Communicator::resume);
-  suspended_.store(false);
+  offloadState_.store(OffloadState::Active);
 }
 
 std::unordered_map<std::string, uint64_t> NcclCoreBackend::groupMemoryStats() {
@@ -126,7 +157,7 @@ std::unordered_map<std::string, uint64_t> NcclCoreBackend::groupMemoryStats() {
   failure_->raiseIfFailed();
   std::unordered_map<std::string, uint64_t> stats{
       {"suspend", 0},
-      {"suspended", suspended_.load() ? 1 : 0},
+      {"suspended", offloadState_.load() == OffloadState::Suspended ? 1 : 0},
       {"persist", 0},
       {"total", 0}};
   for (const auto& comm : madeCommunicators()) {

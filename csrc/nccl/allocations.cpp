@@ -54,73 +54,90 @@ std::vector<std::shared_ptr<AllocationObserver>> liveObservers(Table& t) {
   return observers;
 }
 
-// Removes the entries `pick` selects and tells the observers, outside the
-// lock, of each.
+// Entries taken out of the table, and the observers to tell of them once
+// its lock is released.
+struct Forgotten {
+  std::vector<Allocation> gone;
+  std::vector<std::shared_ptr<AllocationObserver>> observers;
+
+  void tell() const {
+    for (const Allocation& allocation : gone) {
+      for (const auto& observer : observers) {
+        observer->onFree(allocation);
+      }
+    }
+  }
+};
+
+// Takes out the entries in [from, to) that `pick` selects; needs the lock.
+template <typename Pick>
+Forgotten takeWhere(Table& t, uintptr_t from, uintptr_t to, Pick pick) {
+  Forgotten forgotten;
+  // Entries start below `to`; the one before `from` may reach into it.
+  auto it = t.byBase.upper_bound(from);
+  if (it != t.byBase.begin()) {
+    --it;
+  }
+  while (it != t.byBase.end() && it->first < to) {
+    const Allocation& a = it->second;
+    if (a.base + a.size > from && pick(a)) {
+      forgotten.gone.push_back(a);
+      countOf(t, a.kind).fetch_sub(1, std::memory_order_release);
+      it = t.byBase.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (!forgotten.gone.empty()) {
+    t.count.store(t.byBase.size(), std::memory_order_release);
+    forgotten.observers = liveObservers(t);
+  }
+  return forgotten;
+}
+
 template <typename Pick>
 void forgetWhere(uintptr_t from, uintptr_t to, Pick pick) {
   Table& t = table();
-  std::vector<Allocation> gone;
-  std::vector<std::shared_ptr<AllocationObserver>> observers;
+  Forgotten forgotten;
   {
     std::lock_guard<std::shared_mutex> lock(t.mutex);
-    // Entries start below `to`; the one before `from` may reach into it.
-    auto it = t.byBase.upper_bound(from);
-    if (it != t.byBase.begin()) {
-      --it;
-    }
-    while (it != t.byBase.end() && it->first < to) {
-      const Allocation& a = it->second;
-      if (a.base + a.size > from && pick(a)) {
-        gone.push_back(a);
-        countOf(t, a.kind).fetch_sub(1, std::memory_order_release);
-        it = t.byBase.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    if (gone.empty()) {
-      return;
-    }
-    t.count.store(t.byBase.size(), std::memory_order_release);
-    observers = liveObservers(t);
+    forgotten = takeWhere(t, from, to, pick);
   }
-  for (const Allocation& allocation : gone) {
-    for (const auto& observer : observers) {
-      observer->onFree(allocation);
-    }
-  }
+  forgotten.tell();
 }
 
 } // namespace
 
-void recordAllocation(void* ptr, size_t size, int device, MemoryKind kind) {
+void recordAllocation(
+    void* ptr,
+    size_t size,
+    int device,
+    MemoryKind kind,
+    bool current) {
   Table& t = table();
   const auto base = reinterpret_cast<uintptr_t>(ptr);
-  const auto insert = [&] {
-    t.byBase[base] = Allocation{base, size, t.nextId++, device, kind, false};
-    countOf(t, kind).fetch_add(1, std::memory_order_release);
-    t.count.store(t.byBase.size(), std::memory_order_release);
-  };
+  Forgotten stale;
   {
     std::lock_guard<std::shared_mutex> lock(t.mutex);
     const auto known = t.byBase.find(base);
-    if (known == t.byBase.end()) {
-      insert();
-      return;
+    if (known != t.byBase.end()) {
+      // NCCL memory a MemPool hands out, the same segment seen twice, or a
+      // record that may be older than the one there.
+      const Allocation& a = known->second;
+      if (kind == MemoryKind::CachingAllocator &&
+          (a.kind == MemoryKind::Nccl || a.size == size || !current)) {
+        return;
+      }
+      // A stale record (its free went unseen): its registrations go first.
+      stale = takeWhere(t, base, base + 1, [base](const Allocation& entry) {
+        return entry.base == base;
+      });
     }
-    // NCCL memory a MemPool hands out, or the same segment seen twice.
-    const Allocation& a = known->second;
-    if (kind == MemoryKind::CachingAllocator &&
-        (a.kind == MemoryKind::Nccl || a.size == size)) {
-      return;
-    }
+    t.byBase[base] = Allocation{base, size, t.nextId++, device, kind, false};
+    countOf(t, kind).fetch_add(1, std::memory_order_release);
+    t.count.store(t.byBase.size(), std::memory_order_release);
   }
-  // A stale record at this address (its free went unseen): its
-  // registrations go first.
-  forgetWhere(
-      base, base + 1, [base](const Allocation& a) { return a.base == base; });
-  std::lock_guard<std::shared_mutex> lock(t.mutex);
-  insert();
+  stale.tell();
 }
 
 void forgetAllocation(void* ptr) {

@@ -39,13 +39,16 @@ class AllocationObserver {
 };
 
 // Records memory of `kind` at [ptr, ptr + size). A caching-allocator segment
-// never replaces an allocation recorded at the same address (NCCL memory a
-// MemPool hands out, or the same segment seen twice).
+// never replaces NCCL memory recorded at the same address (a MemPool hands it
+// out), nor the same segment seen twice; where the record is `current` (told
+// as it happened, not read from an older snapshot), it replaces a stale one
+// of another size there, whose registrations go first.
 void recordAllocation(
     void* ptr,
     size_t size,
     int device,
-    MemoryKind kind = MemoryKind::Nccl);
+    MemoryKind kind = MemoryKind::Nccl,
+    bool current = true);
 
 // Removes the NCCL allocation at `ptr` and tells every live observer, before
 // the caller frees the memory.

@@ -41,10 +41,10 @@ void onTrace(const allocator::TraceEntry& entry) {
   if (!event) {
     return;
   }
-  if (*event == SegmentEvent::Freed || *event == SegmentEvent::Unmapped) {
-    // No registration goes under a kernel still using the memory (an unmap
-    // drops the whole range it cuts into): torch's cudaFree right after a
-    // free waits for the device anyway, and unmaps are rare.
+  if (*event == SegmentEvent::Freed) {
+    // torch's cudaFree right after waits for the device anyway; waiting
+    // first means no registration goes under a kernel still using it. (torch
+    // reports an unmap after it, having waited for the segment's stream.)
     const c10::cuda::CUDAGuard guard(entry.device_);
     C10_CUDA_CHECK_WARN(cudaDeviceSynchronize());
   }
@@ -59,10 +59,15 @@ void noteSegmentEvent(
     size_t size,
     int device) {
   void* ptr = reinterpret_cast<void*>(address);
-  if (event == SegmentEvent::Allocated || event == SegmentEvent::Mapped) {
-    recordAllocation(ptr, size, device, MemoryKind::CachingAllocator);
-  } else {
+  if (event == SegmentEvent::Freed || event == SegmentEvent::Unmapped) {
     forgetAllocations(ptr, size, MemoryKind::CachingAllocator);
+  } else {
+    recordAllocation(
+        ptr,
+        size,
+        device,
+        MemoryKind::CachingAllocator,
+        /*current=*/event != SegmentEvent::Existing);
   }
 }
 
@@ -87,7 +92,7 @@ bool attachTracker() {
     for (const auto& segment : snapshot.segments) {
       if (!segment.is_expandable) {
         noteSegmentEvent(
-            SegmentEvent::Allocated,
+            SegmentEvent::Existing,
             segment.address,
             segment.total_size,
             segment.device);

@@ -13,12 +13,14 @@
 
 namespace nccl_core {
 
-// What the tracker hears of a segment (torch's TraceEntry actions).
-enum class SegmentEvent { Allocated, Mapped, Freed, Unmapped };
+// What the tracker hears of a segment (torch's TraceEntry actions), and a
+// segment found in torch's snapshot (Existing: possibly older than a record).
+enum class SegmentEvent { Allocated, Mapped, Freed, Unmapped, Existing };
 
 // The table's record of one event: an allocated segment or mapped range
 // (expandable segments map theirs piece by piece) becomes an allocation, a
-// freed or unmapped range drops every allocation it overlaps.
+// freed or unmapped range drops every allocation it overlaps, an existing
+// segment is recorded where nothing is.
 void noteSegmentEvent(
     SegmentEvent event,
     uintptr_t address,

@@ -43,6 +43,16 @@ void Communicator::suspend() {
     const HostCall inside(*this);
     result = nccl().commSuspend(inside.handle(), kSuspendMemory);
   }
+  // NCCL's refusal, before its barrier: a memory manager shared with another
+  // communicator (split_share), or NCCL_MEM_MANAGER_DISABLE.
+  NCCL_CORE_CHECK_STATE(
+      result != ncclInvalidUsage || isAborted(),
+      "suspend",
+      label_,
+      " cannot be suspended: NCCL refused (",
+      lastError(),
+      "); communicators that share resources (split_share) and "
+      "NCCL_MEM_MANAGER_DISABLE=1 cannot");
   check(result, "ncclCommSuspend");
   suspended_.store(true, std::memory_order_release);
 }

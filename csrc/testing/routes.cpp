@@ -124,7 +124,8 @@ void bindRoutes(py::module_& testing) {
             {"alloc", SegmentEvent::Allocated},
             {"map", SegmentEvent::Mapped},
             {"free", SegmentEvent::Freed},
-            {"unmap", SegmentEvent::Unmapped}};
+            {"unmap", SegmentEvent::Unmapped},
+            {"existing", SegmentEvent::Existing}};
         noteSegmentEvent(
             events.at(event),
             reinterpret_cast<uintptr_t>(tensor.data_ptr()),
@@ -134,7 +135,8 @@ void bindRoutes(py::module_& testing) {
       py::arg("event"),
       py::arg("tensor"),
       "What the caching allocator's tracker does when torch reports "
-      "`event` (alloc, map, free, unmap) of `tensor`'s memory on device 0.");
+      "`event` (alloc, map, free, unmap; existing: found in torch's "
+      "snapshot) of `tensor`'s memory on device 0.");
   testing.def(
       "caching_allocator_allocations",
       [] { return allocationCount(MemoryKind::CachingAllocator); },

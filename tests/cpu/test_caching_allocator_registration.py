@@ -181,3 +181,17 @@ def test_a_stale_segment_record_gives_way_with_its_registrations(fake, segments)
     assert testing.caching_allocator_allocations() == 0
     testing.forget_allocation(memory)
     testing.abort(comm)
+
+
+def test_a_snapshot_record_never_replaces_what_the_tracker_recorded(fake):
+    """torch's snapshot may predate a free and a new segment at the same address: the record
+    the tracker made as it happened stays, with its registration."""
+    comm, routes = routes_of(True)
+    memory = torch.empty(64 * KiB // 4)
+    testing.note_segment_event("alloc", memory)
+    routes.route("all_reduce", [memory], [memory])
+    testing.note_segment_event("existing", memory[: 4 * KiB])  # an older, smaller one
+    assert fake.calls("ncclCommDeregister") == 0 and comm._resource_count() == 1
+    testing.note_segment_event("free", memory)
+    assert comm._resource_count() == 0 and testing.caching_allocator_allocations() == 0
+    testing.abort(comm)

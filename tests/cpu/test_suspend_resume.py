@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch_nccl_core import _testing as testing
 
 NCCL_SYSTEM_ERROR = 2  # ncclSystemError
+NCCL_INVALID_USAGE = 5  # ncclInvalidUsage
 SUSPENDABLE = 1 << 20  # FakeNccl::kSuspendableBytes
 PERSISTENT = 64 << 10  # FakeNccl::kPersistentBytes
 
@@ -89,3 +90,16 @@ def test_abort_of_a_suspended_communicator_frees_it(fake):
     assert fake.calls("ncclCommFinalize") == 0
     testing.abort(comm)
     assert fake.live == 0
+
+
+def test_nccls_refusal_before_its_barrier_is_a_state_error_and_leaves_it_active(fake):
+    """ncclInvalidUsage: a memory manager shared with another communicator (split_share), or
+    NCCL_MEM_MANAGER_DISABLE; NCCL returns it before its barrier, on every rank alike."""
+    comm = create()
+    fake.fail_next("ncclCommSuspend", NCCL_INVALID_USAGE)
+    with pytest.raises(RuntimeError, match=r"group 'g' cannot be suspended: NCCL refused") as e:
+        testing.suspend(comm)
+    assert not isinstance(e.value, dist.DistBackendError)
+    assert testing.memory_stats(comm)["suspended"] is False
+    testing.abort(testing.split(comm, 0, 0))  # still takes host calls
+    testing.abort(comm)

@@ -210,8 +210,8 @@ CommRoutes::registerSegments(const std::vector<Segment>& segments) {
     void* base = reinterpret_cast<void*>(segment.address);
     // Tracked, so that its free drops the registration (a MemPool of NCCL
     // memory is in the table already).
-    recordAllocation(
-        base, segment.size, segment.device, MemoryKind::CachingAllocator);
+    noteSegmentEvent(
+        SegmentEvent::Existing, segment.address, segment.size, segment.device);
     const auto allocation = findAllocation(base, segment.size);
     if (!allocation) {
       continue; // freed meanwhile
