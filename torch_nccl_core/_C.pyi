@@ -17,7 +17,6 @@ class Options:
         ValueError: a value is out of range (``min_ctas``/``max_ctas`` in [1, 64] with
             ``min_ctas <= max_ctas``, ``cga_cluster_size`` in [0, 8], positive ``timeout``,
             ``cta_policy`` one of ``'default'``, ``'efficiency'``, ``'zero'``).
-        NotImplementedError: ``cta_policy='zero'`` where the loaded NCCL is older than 2.30.7.
     """
 
     timeout: timedelta | None

@@ -4,22 +4,22 @@
 #include <c10/util/env.h>
 
 #include "nccl/errors.h"
-#include "nccl/version.h"
 
 namespace nccl_core {
 
 namespace {
 
-// NCCL_CTA_POLICY_* by name, and the NCCL release that has each.
+// NCCL_CTA_POLICY_* by name: every NCCL this package loads on has the three
+// (NCCL 2.28's nccl.h; "zero", copy-engine collectives, reaches across nodes
+// from 2.30.7, per its release notes).
 struct CtaPolicy {
   const char* name;
   int value;
-  int minCode;
 };
 constexpr CtaPolicy kCtaPolicies[] = {
-    {"default", 0x00, NCCL_VERSION(2, 27, 0)},
-    {"efficiency", 0x01, NCCL_VERSION(2, 27, 0)},
-    {"zero", 0x02, NCCL_VERSION(2, 30, 7)}};
+    {"default", 0x00},
+    {"efficiency", 0x01},
+    {"zero", 0x02}};
 
 const CtaPolicy* ctaPolicyNamed(const std::string& name) {
   for (const CtaPolicy& policy : kCtaPolicies) {
@@ -30,32 +30,16 @@ const CtaPolicy* ctaPolicyNamed(const std::string& name) {
   return nullptr;
 }
 
-void validateCtaPolicy(const std::string& name) {
-  const CtaPolicy* policy = ctaPolicyNamed(name);
-  NCCL_CORE_CHECK_ARG(
-      policy != nullptr,
-      "Options",
-      "cta_policy must be 'default', 'efficiency' or 'zero', got '",
-      name,
-      "'");
-  const int loaded = runtimeVersion().code;
-  NCCL_CORE_CHECK_SUPPORTED(
-      loaded >= policy->minCode,
-      "Options",
-      "cta_policy='",
-      name,
-      "' needs NCCL >= ",
-      versionText(policy->minCode),
-      "; NCCL ",
-      versionText(loaded),
-      " is loaded");
-}
-
 } // namespace
 
 void NcclCoreOptions::validate() const {
   if (ctaPolicy) {
-    validateCtaPolicy(*ctaPolicy);
+    NCCL_CORE_CHECK_ARG(
+        ctaPolicyNamed(*ctaPolicy) != nullptr,
+        "Options",
+        "cta_policy must be 'default', 'efficiency' or 'zero', got '",
+        *ctaPolicy,
+        "'");
   }
   if (timeout) {
     NCCL_CORE_CHECK_ARG(

@@ -38,8 +38,8 @@ struct NcclCoreOptions {
   // (nccl/caching_allocator_segments.h).
   std::optional<bool> registerCachingAllocator;
   // NCCL's CTA policy (ncclConfig_t.CTAPolicy): "default", "efficiency", or
-  // "zero" (NCCL >= 2.30.7: all_gather and all_to_all on copy engines, no
-  // SMs); unset keeps NCCL's (and NCCL_CTA_POLICY).
+  // "zero" (all_gather and all_to_all on copy engines, no SMs, where NCCL can);
+  // unset keeps NCCL's (and NCCL_CTA_POLICY).
   std::optional<std::string> ctaPolicy;
 
   // Whether registerCachingAllocator is on, the environment deciding where

@@ -42,8 +42,8 @@ FeatureInfo info(Feature feature) {
       return {"window_registration_in_capture", NCCL_VERSION(2, 30, 0)};
     case Feature::OneSidedGraphCapture:
       return {"one_sided_graph_capture", NCCL_VERSION(2, 30, 7)};
-    case Feature::ZeroCtaPolicy:
-      return {"zero_cta_policy", NCCL_VERSION(2, 30, 7)};
+    case Feature::ZeroCtaPolicy: // across nodes (hierarchical) from 2.30.7
+      return {"zero_cta_policy", NCCL_VERSION(2, 28, 0)};
     case Feature::PerCollectiveConfig:
       return {"per_collective_config", NCCL_VERSION(2, 31, 0)};
     case Feature::SocketGin:

@@ -90,8 +90,8 @@ free of the segment drops it; ``None`` follows
 ``TORCH_NCCL_CORE_REGISTER_ALLOCATOR`` (default off until measured on 2+
 GPUs).
 ``cta_policy``: NCCL's CTA policy, ``'default'``, ``'efficiency'`` or
-``'zero'`` (NCCL >= 2.30.7: all_gather and all_to_all on copy engines, no SMs);
-``None`` keeps NCCL's.)")
+``'zero'`` (all_gather and all_to_all on copy engines, no SMs, where NCCL can:
+within a node, and across nodes from NCCL 2.30.7); ``None`` keeps NCCL's.)")
       .def(
           py::init([](std::optional<std::chrono::milliseconds> timeout,
                       bool highPriorityStream,

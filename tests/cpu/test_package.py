@@ -226,9 +226,6 @@ def test_each_backend_on_a_store_is_a_new_incarnation(tmp_path):
     assert store.add("nccl_core/incarnations/rank0", 0) == 3
 
 
-def test_zero_cta_policy_needs_nccl_2_30_7():
-    if torch_nccl_core.nccl_version() >= (2, 30, 7):
-        assert torch_nccl_core.Options(cta_policy="zero").cta_policy == "zero"
-    else:
-        with pytest.raises(NotImplementedError, match=r"cta_policy='zero' needs NCCL >= 2\.30\.7"):
-            torch_nccl_core.Options(cta_policy="zero")
+def test_every_cta_policy_reaches_ncclconfig():
+    for name in ("default", "efficiency", "zero"):
+        assert torch_nccl_core.Options(cta_policy=name).cta_policy == name
