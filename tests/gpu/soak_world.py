@@ -729,13 +729,21 @@ def worker_env(rank: int) -> dict[str, str]:
     """The workers' environment: no launcher variables (the suite runs under torchrun), NCCL's
     bootstrap over loopback as in helpers._child_world_env. Where this process has an
     NCCL_HOSTID (ranks sharing a GPU, torch_nccl_core.launch), each worker gets one of its own:
-    NCCL refuses two ranks of one host on one GPU."""
+    NCCL refuses two ranks of one host on one GPU.
+
+    NCCL's RAS is off unless NCCL_RAS_ENABLE says otherwise: after a kill, the survivors' RAS
+    threads keep reconnecting to the dead rank's RAS port, and on one host the kernel hands that
+    port to a later listener, e.g. a survivor's socket transport. NCCL 2.28.9 then fails that
+    communicator's first op with ncclInternalError ("socketFinalizeAccept ...: wrong type 5 != 3",
+    a RAS connection on a transport listener): a fault of NCCL's, not one the soak injects
+    (docs/design.md, failure table)."""
     env = {
         k: v
         for k, v in os.environ.items()
         if k not in LAUNCHER_VARS and not k.startswith("TORCHELASTIC")
     }
     env.update(NCCL_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1")
+    env.setdefault("NCCL_RAS_ENABLE", "0")
     if "NCCL_HOSTID" in env:
         env["NCCL_HOSTID"] = f"{env['NCCL_HOSTID']}-soak{rank}"
     return env
