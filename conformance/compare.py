@@ -33,6 +33,12 @@ def main() -> int:
     print(f"{len(lost)} tests pass on the reference and not on the candidate:")
     for test in lost:
         print(" ", test, candidate.get(test, "missing"))
+    # Where ranks share a GPU, tests that name a device by rank fail on both: not counted as
+    # passing, listed apart.
+    both = sorted(t for t, o in reference.items() if o == "failed" and candidate.get(t) == "failed")
+    print(f"{len(both)} tests fail on both:")
+    for test in both:
+        print(" ", test)
     return 1 if lost else 0
 
 

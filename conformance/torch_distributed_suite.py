@@ -5,7 +5,15 @@ process group created on the backend named by NCCL_CORE_CONFORMANCE_BACKEND (def
 It stays an NCCL run (BACKEND=nccl), so the suite picks CUDA tensors and NCCL's feature sets;
 only the groups move. Tests that assert the backend's name ("nccl") are expected to differ, see
 docs/compatibility.md. Run through .ci/conformance, which compares against the built-in backend.
-Not collected by `pytest tests` (WORLD_SIZE GPUs, default 2, and that many processes per test).
+Not collected by `pytest tests` (WORLD_SIZE processes per test).
+
+Where the ranks outnumber the GPUs (a one-GPU world, README), the harness adapts the suite's
+device bookkeeping, the same way for both backends: each test process claims a host of its own
+(NCCL_HOSTID, before NCCL starts in it), as torch_nccl_core.launch does, so NCCL connects the
+ranks as nodes; rank r's GPUs are [r % GPU count]; torch.cuda.set_device takes an index modulo
+the GPU count; and the suite's GPU-count checks (its _run and skip_if_lt_x_gpu) see a GPU per
+rank. Tests that name a device by rank themselves (cuda:1 on one GPU) fail on both backends: the
+comparison lists them apart.
 """
 
 from __future__ import annotations
@@ -21,6 +29,9 @@ import torch
 import torch.distributed.distributed_c10d as c10d
 
 TARGET = os.environ.get("NCCL_CORE_CONFORMANCE_BACKEND", "nccl_core")
+WORLD_SIZE = int(os.environ["WORLD_SIZE"])
+GPUS = torch.cuda.device_count()
+SHARED = 0 < GPUS < WORLD_SIZE  # ranks share GPUs, as nodes of their own
 
 
 def _retarget(backend):
@@ -46,10 +57,26 @@ if TARGET != "nccl":
 
     c10d._new_process_group_helper = _on_target
 
+import torch.testing._internal.distributed.distributed_test as suite  # noqa: E402
 from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
     DistributedTest,
     TestDistBackend,
 )
+
+if SHARED:
+    _set_device = torch.cuda.set_device
+
+    def _shared_set_device(device) -> None:
+        index = torch.cuda._utils._get_device_index(device, optional=True)
+        _set_device(index % GPUS if index >= 0 else index)
+
+    # Read when each test runs (the skip decorators' wrappers, the suite's _run), so this
+    # reaches them; torch's C++ keeps the real count.
+    torch.cuda.device_count = lambda: WORLD_SIZE
+    torch.cuda.set_device = _shared_set_device
+    suite.init_multigpu_helper = lambda world_size, backend: {
+        rank: [rank % GPUS] for rank in range(world_size)
+    }
 
 
 class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
@@ -57,3 +84,10 @@ class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
         super().setUp()
         self._spawn_processes()
         torch.backends.cudnn.flags(enabled=True, allow_tf32=False).__enter__()
+
+    @classmethod
+    def _run(cls, rank, test_name, file_name, pipe, **kwargs):
+        if SHARED:  # a host of its own: only one communicator's ranks compare host ids
+            os.environ["NCCL_HOSTID"] = f"conformance-{rank}"
+            _set_device(rank % GPUS)
+        super()._run(rank, test_name, file_name, pipe, **kwargs)
