@@ -15,8 +15,9 @@ below are every rank but the faulty one, rank 0 included.
 Processes:
   * the orchestrator (this script without --worker-rank) hosts a TCPStore that outlives every
     worker, starts rank r on cuda:(r % GPU count), waits for each cycle's results with a
-    deadline, starts a fresh faulty rank after a planned kill, and writes the JSON report. It
-    never touches CUDA.
+    deadline, hands the faulty rank's place to a standby after a planned kill (a successor
+    started ahead, torch imported, waiting in the store; it starts the next standby), and writes
+    the JSON report. It never touches CUDA.
   * a worker (--worker-rank R) runs cycles from --first-cycle on. Rank 0 lives for the whole soak
     and measures its device memory, file descriptors and threads; ranks 1..N-2 live as long; the
     faulty rank kills itself with SIGKILL in "kill" cycles, and its successor joins at the next
@@ -103,6 +104,11 @@ def result_key(cycle: int, rank: int) -> str:
 
 def killed_key(cycle: int) -> str:
     return f"soak/killed/{cycle}"
+
+
+def standby_key(spawn: int) -> str:
+    """The first cycle of standby process `spawn`, set when it replaces the killed faulty rank."""
+    return f"soak/standby/{spawn}"
 
 
 def faulty_rank(world: int) -> int:
@@ -674,6 +680,16 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def await_turn(store: dist.TCPStore, spawn: int) -> int:
+    """A standby waits, torch imported but CUDA not started (so it holds no device memory that
+    rank 0's series would count), until the orchestrator hands it the killed faulty rank's next
+    cycle; returns that cycle."""
+    key = standby_key(spawn)
+    while not store.check([key]):
+        time.sleep(POLL_S)
+    return int(store.get(key))
+
+
 def worker_main(args: argparse.Namespace) -> int:
     die_with_parent(args.parent_pid)
     faulthandler.enable()
@@ -681,14 +697,16 @@ def worker_main(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)  # no CPU thread pool appearing midway in the thread counts
     import torch_nccl_core  # registers "nccl_core"
 
+    store = dist.TCPStore(
+        "127.0.0.1", args.port, is_master=False, timeout=timedelta(seconds=STORE_TIMEOUT_S)
+    )
+    if args.standby is not None:
+        args.first_cycle = await_turn(store, args.standby)
     rank = args.worker_rank
     device = torch.device("cuda", rank % torch.cuda.device_count())  # ranks may share a GPU
     torch.cuda.set_device(device)
     prime_nccl(device)
     args.windows = bool(torch_nccl_core.features().get("window_registration", False))
-    store = dist.TCPStore(
-        "127.0.0.1", args.port, is_master=False, timeout=timedelta(seconds=STORE_TIMEOUT_S)
-    )
     baseline = None
     for cycle in range(args.first_cycle, args.cycles):
         plan = plan_cycle(args.seed, cycle, args.warmup, args.world)
@@ -783,8 +801,10 @@ class Soak:
         self.store = store
         self.log_dir = log_dir
         self.workers: dict[int, subprocess.Popen] = {}
+        self.standby: tuple[int, subprocess.Popen] | None = None  # (spawn number, process)
         self.logs: list[Path] = []
         self.spawns = 0
+        self.respawns = 0
         self.results: dict[int, dict[int, dict]] = collections.defaultdict(dict)
         self.killed: set[int] = set()
         self.failures: list[str] = []
@@ -794,41 +814,86 @@ class Soak:
 
     # processes
 
-    def spawn(self, rank: int, first_cycle: int) -> None:
+    def worker_command(self, rank: int, start_args: list[str]) -> list[str]:
         a = self.args
-        command = [
+        return [
             sys.executable,
             str(Path(__file__).resolve()),
             *("--worker-rank", str(rank), "--world", str(a.world), "--port", str(self.store.port)),
-            *("--first-cycle", str(first_cycle), "--parent-pid", str(os.getpid())),
+            *start_args,
+            *("--parent-pid", str(os.getpid())),
             *("--cycles", str(a.cycles), "--seed", str(a.seed), "--warmup", str(a.warmup)),
             *("--timeout-s", str(a.timeout_s), "--mem-tolerance-mib", str(a.mem_tolerance_mib)),
             *("--fd-tolerance", str(a.fd_tolerance), "--thread-tolerance", str(a.thread_tolerance)),
         ]
-        log = self.log_dir / f"rank{rank}-spawn{self.spawns}-from-cycle{first_cycle}.log"
+
+    def start_process(self, rank: int, start_args: list[str], label: str) -> subprocess.Popen:
+        log = self.log_dir / f"rank{rank}-spawn{self.spawns}-{label}.log"
         self.spawns += 1
         self.logs.append(log)
         with open(log, "w") as sink:
-            self.workers[rank] = subprocess.Popen(
-                command, env=worker_env(rank), stdout=sink, stderr=subprocess.STDOUT
+            return subprocess.Popen(
+                self.worker_command(rank, start_args),
+                env=worker_env(rank),
+                stdout=sink,
+                stderr=subprocess.STDOUT,
             )
+
+    def spawn(self, rank: int, first_cycle: int) -> None:
+        self.workers[rank] = self.start_process(
+            rank, ["--first-cycle", str(first_cycle)], f"from-cycle{first_cycle}"
+        )
+
+    def spawn_standby(self, first_cycle: int) -> None:
+        """Starts the faulty rank's successor ahead of the next kill from `first_cycle` on, if
+        one is planned: the cycle after a kill then waits for it to start CUDA and NCCL only,
+        not for a new interpreter to import torch (about 3 s of every such cycle, measured)."""
+        kills = (self.plan(c).fault.kind == "kill" for c in range(first_cycle, self.args.cycles))
+        if any(kills):
+            spawn = self.spawns
+            self.standby = (
+                spawn,
+                self.start_process(self.faulty, ["--standby", str(spawn)], "standby"),
+            )
+
+    def replace_faulty(self, first_cycle: int) -> None:
+        """The killed faulty rank's successor runs from `first_cycle` on: the standby, or a new
+        process where there is none."""
+        self.respawns += 1
+        if self.standby is None:
+            self.spawn(self.faulty, first_cycle)
+        else:
+            spawn, proc = self.standby
+            self.standby = None
+            self.store.set(standby_key(spawn), str(first_cycle))
+            self.workers[self.faulty] = proc
+        self.spawn_standby(first_cycle)
 
     def stop_workers(self, dump_stacks: bool = False) -> None:
         """SIGKILL every worker still running; with dump_stacks, have them print their Python
         stacks to their logs first (faulthandler on SIGUSR1)."""
-        if dump_stacks and self.workers:
-            for proc in self.workers.values():
+        procs = [*self.workers.values(), *([self.standby[1]] if self.standby else [])]
+        if dump_stacks and procs:
+            for proc in procs:
                 proc.send_signal(signal.SIGUSR1)
             time.sleep(2.0)
-        for proc in self.workers.values():
+        for proc in procs:
             proc.kill()
-        for proc in self.workers.values():
+        for proc in procs:
             proc.wait()
         self.workers.clear()
+        self.standby = None
 
     def watch_workers(self, cycle: int) -> None:
         """Handles workers that exited: the faulty rank killed as planned is replaced, a worker
-        done with its cycles is let go, anything else stops the soak."""
+        done with its cycles is let go, anything else (the standby's exit too) stops the soak."""
+        if self.standby is not None and self.standby[1].poll() is not None:
+            self.fail(
+                f"the faulty rank's standby exited with rc {self.standby[1].returncode}"
+                f" during cycle {cycle}",
+                fatal=True,
+            )
+            self.standby = None
         for rank, proc in list(self.workers.items()):
             rc = proc.poll()
             if rc is None:
@@ -844,7 +909,7 @@ class Soak:
                 continue
             self.killed.add(killed)
             if killed + 1 < self.args.cycles:
-                self.spawn(self.faulty, killed + 1)
+                self.replace_faulty(killed + 1)
 
     def planned_kill(self, cycle: int) -> int | None:
         """The kill cycle the faulty rank died in, if it died in one: the first cycle from
@@ -918,6 +983,7 @@ class Soak:
     def run(self) -> None:
         for rank in range(self.args.world):
             self.spawn(rank, 0)
+        self.spawn_standby(0)
         for cycle in range(self.args.cycles):
             if not self.await_cycle(cycle):
                 return
@@ -1012,7 +1078,7 @@ class Soak:
             "one_sided_refused": any(
                 r.get("refused") for c in range(self.cycles_done) for r in self.results[c].values()
             ),
-            "respawns": self.spawns - self.args.world,
+            "respawns": self.respawns,
             "detection_s": detection,
             "cycle_seconds_max": max(cycle_seconds, default=0.0),
             "resources": resources_report,
@@ -1082,6 +1148,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--worker-rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--first-cycle", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--standby", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.cycles < 1 or args.warmup < 0:
