@@ -63,19 +63,27 @@ from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
     TestDistBackend,
 )
 
-if SHARED:
-    _set_device = torch.cuda.set_device
+_set_device = torch.cuda.set_device
 
-    def _shared_set_device(device) -> None:
-        index = torch.cuda._utils._get_device_index(device, optional=True)
-        _set_device(index % GPUS if index >= 0 else index)
 
-    # Read when each test runs (the skip decorators' wrappers, the suite's _run), so this
-    # reaches them; torch's C++ keeps the real count.
+def _shared_set_device(device) -> None:
+    index = torch.cuda._utils._get_device_index(device, optional=True)
+    _set_device(index % GPUS if index >= 0 else index)
+
+
+def _share_gpus(rank: int) -> None:
+    """In a spawned test process, before the suite's _run: a host of its own for NCCL (only one
+    communicator's ranks compare host ids), its GPU, then the suite's view of a GPU per rank.
+    The count is replaced only once CUDA has started on the real device: torch's lazy
+    initialization checks every device up to torch.cuda.device_count()."""
+    os.environ["NCCL_HOSTID"] = f"conformance-{rank}"
+    _set_device(rank % GPUS)
+    # Read when each test runs (the skip decorators' wrappers, the suite's _run); torch's C++
+    # keeps the real count.
     torch.cuda.device_count = lambda: WORLD_SIZE
     torch.cuda.set_device = _shared_set_device
     suite.init_multigpu_helper = lambda world_size, backend: {
-        rank: [rank % GPUS] for rank in range(world_size)
+        r: [r % GPUS] for r in range(world_size)
     }
 
 
@@ -87,7 +95,6 @@ class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
 
     @classmethod
     def _run(cls, rank, test_name, file_name, pipe, **kwargs):
-        if SHARED:  # a host of its own: only one communicator's ranks compare host ids
-            os.environ["NCCL_HOSTID"] = f"conformance-{rank}"
-            _set_device(rank % GPUS)
+        if SHARED:
+            _share_gpus(rank)
         super()._run(rank, test_name, file_name, pipe, **kwargs)

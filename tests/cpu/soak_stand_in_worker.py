@@ -16,14 +16,22 @@ import torch.distributed as dist
 
 args = soak.parse_args(sys.argv[1:])
 soak.die_with_parent(args.parent_pid)
+# What the test checks afterwards, one file per process (STAND_IN_RECORDS, a folder).
+record = {"standby": args.standby is not None}
+record_path = Path(os.environ["STAND_IN_RECORDS"]) / f"{os.getpid()}.json"
+record_path.write_text(json.dumps(record))  # a standby killed while waiting leaves this one
 store = dist.TCPStore("127.0.0.1", args.port, is_master=False, timeout=timedelta(seconds=60))
 if args.standby is not None:
     args.first_cycle = soak.await_turn(store, args.standby)
+    record["took_over"] = time.monotonic()
 rank = args.worker_rank
 for cycle in range(args.first_cycle, args.cycles):
     plan = soak.plan_cycle(args.seed, cycle, args.warmup, args.world)
+    time.sleep(0.2)  # the cycle's work: a kill comes after the orchestrator's next standby
     if plan.fault.kind == "kill" and rank == soak.faulty_rank(args.world):
-        store.set(soak.killed_key(cycle), str(time.monotonic()))
+        record["killed"] = time.monotonic()
+        record_path.write_text(json.dumps(record))
+        store.set(soak.killed_key(cycle), str(record["killed"]))
         os.kill(os.getpid(), signal.SIGKILL)
     wanted = soak.expected_detections(plan, args.world).get(rank)
     result = {
@@ -39,3 +47,4 @@ for cycle in range(args.first_cycle, args.cycles):
         if cycle == args.cycles - 1:
             result["baseline"] = result["resources"]
     store.set(soak.result_key(cycle, rank), json.dumps(result))
+record_path.write_text(json.dumps(record))

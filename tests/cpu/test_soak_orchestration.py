@@ -1,12 +1,12 @@
-"""The soak's orchestrator (tests/gpu/soak_world.py) with CPU stand-ins for its workers: kills
-are answered by standbys started ahead, every planned kill gets a successor, and the run ends
-clean with no process left behind."""
+"""The soak's orchestrator (tests/gpu/soak_world.py) with CPU stand-ins for its workers: every
+kill but one in the last cycle is answered by a standby started ahead of it, and no standby is
+started for nothing."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,37 +17,58 @@ import soak_world as soak  # noqa: E402
 
 
 @pytest.fixture
-def stand_in_workers(monkeypatch):
+def stand_in_workers(monkeypatch, tmp_path):
     """Runs tests/cpu/soak_stand_in_worker.py, with the real worker's command line, wherever
-    the soak would start a worker; yields the processes started."""
-    started: list[subprocess.Popen] = []
+    the soak would start a worker; yields {pid: (label, time started)} of every process the
+    soak started (the same clock for every process: CLOCK_MONOTONIC) and a function that reads
+    the stand-ins' records."""
+    folder = tmp_path / "records"
+    folder.mkdir()
+    monkeypatch.setenv("STAND_IN_RECORDS", str(folder))
     command, start = soak.Soak.worker_command, soak.Soak.start_process
+    started: dict[int, tuple[str, float]] = {}
 
     def stand_in_command(self, rank, start_args):
         real = command(self, rank, start_args)
         return [real[0], str(HERE / "soak_stand_in_worker.py"), *real[2:]]
 
-    def recorded_start(self, rank, start_args, label):
-        started.append(start(self, rank, start_args, label))
-        return started[-1]
+    def timed_start(self, rank, start_args, label):
+        process = start(self, rank, start_args, label)
+        started[process.pid] = (label, time.monotonic())
+        return process
 
     monkeypatch.setattr(soak.Soak, "worker_command", stand_in_command)
-    monkeypatch.setattr(soak.Soak, "start_process", recorded_start)
-    yield started
-    for process in started:
-        process.kill()
-        process.wait()
+    monkeypatch.setattr(soak.Soak, "start_process", timed_start)
+    return started, lambda: [
+        {**json.loads(path.read_text()), "pid": int(path.stem)} for path in folder.iterdir()
+    ]
 
 
-def test_every_kill_is_answered_by_a_standby(stand_in_workers, tmp_path):
+# (seed, cycles): kills at 2, 4, 8, 9, 10 (in a row); kills at 2, 9 and 11, the last cycle.
+@pytest.mark.parametrize(("seed", "cycles"), [(3, 12), (4, 12)])
+def test_every_kill_is_answered_by_a_standby_started_ahead(
+    stand_in_workers, tmp_path, seed, cycles
+):
+    started, read_records = stand_in_workers
     out = tmp_path / "report.json"
-    args = soak.parse_args(["--cycles", "24", "--seed", "3", "--world", "3", "--out", str(out)])
-    kills = sum(soak.plan_cycle(3, c, args.warmup, 3).fault.kind == "kill" for c in range(24))
+    args = soak.parse_args(
+        ["--cycles", str(cycles), "--seed", str(seed), "--world", "3", "--out", str(out)]
+    )
+    kinds = [soak.plan_cycle(seed, c, args.warmup, 3).fault.kind for c in range(cycles)]
+    kills = kinds.count("kill")
+    answered = kills - (kinds[-1] == "kill")  # a kill in the last cycle has no successor
     assert soak.orchestrate(args) == 0, out.read_text()
     report = json.loads(out.read_text())
-    assert report["cycles_run"] == 24 and report["faults"]["kill"] == kills > 1
-    assert report["respawns"] == kills
-    standbys = [p for p in stand_in_workers if "--standby" in p.args]
-    # One standby per kill, each started ahead of it; none is left once no kill is planned.
-    assert len(standbys) == kills
-    assert all(p.poll() is not None for p in stand_in_workers)
+    assert report["cycles_run"] == cycles and report["faults"]["kill"] == kills
+    assert report["respawns"] == answered
+    # A standby per answered kill, none for nothing, every one of them took over.
+    assert sum(label == "standby" for label, _ in started.values()) == answered, started
+    records = read_records()
+    standbys = [r for r in records if r["standby"]]
+    assert len(standbys) == answered and all("took_over" in r for r in standbys), records
+    # Each was started before the kill it answered: the last kill before it took over.
+    kill_times = sorted(r["killed"] for r in records if "killed" in r)
+    assert len(kill_times) == kills
+    for standby in standbys:
+        answered_kill = max(t for t in kill_times if t <= standby["took_over"])
+        assert started[standby["pid"]][1] < answered_kill, (standby, kill_times)

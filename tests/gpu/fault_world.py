@@ -851,6 +851,7 @@ def nccl_memory_churn_on_two_threads(job_store) -> dict:
         dist.all_reduce(torch.ones(1, device=DEVICE), group=group)
     warm = torch.zeros(1 << 14, device=DEVICE, dtype=torch.float64)
     warm.add_(torch_nccl_core.empty(1 << 14, device=DEVICE).fill_(1.0))
+    bool((warm == 1.0).all())  # the threads' final check, on a thread that may finish first
     torch.cuda.synchronize(DEVICE)
     outcomes: list[dict] = [{}, {}]
 

@@ -802,6 +802,7 @@ class Soak:
         self.log_dir = log_dir
         self.workers: dict[int, subprocess.Popen] = {}
         self.standby: tuple[int, subprocess.Popen] | None = None  # (spawn number, process)
+        self.idle_log: Path | None = None  # the waiting standby's, empty
         self.logs: list[Path] = []
         self.spawns = 0
         self.respawns = 0
@@ -848,13 +849,14 @@ class Soak:
         """Starts the faulty rank's successor ahead of the next kill from `first_cycle` on, if
         one is planned: the cycle after a kill then waits for it to start CUDA and NCCL only,
         not for a new interpreter to import torch (about 3 s of every such cycle, measured)."""
-        kills = (self.plan(c).fault.kind == "kill" for c in range(first_cycle, self.args.cycles))
-        if any(kills):
+        last = self.args.cycles - 1  # a kill in the last cycle has no successor
+        if any(self.plan(c).fault.kind == "kill" for c in range(first_cycle, last)):
             spawn = self.spawns
             self.standby = (
                 spawn,
                 self.start_process(self.faulty, ["--standby", str(spawn)], "standby"),
             )
+            self.idle_log = self.logs[-1]
 
     def replace_faulty(self, first_cycle: int) -> None:
         """The killed faulty rank's successor runs from `first_cycle` on: the standby, or a new
@@ -864,7 +866,7 @@ class Soak:
             self.spawn(self.faulty, first_cycle)
         else:
             spawn, proc = self.standby
-            self.standby = None
+            self.standby, self.idle_log = None, None
             self.store.set(standby_key(spawn), str(first_cycle))
             self.workers[self.faulty] = proc
         self.spawn_standby(first_cycle)
@@ -1087,7 +1089,8 @@ class Soak:
             "logs": str(self.log_dir),
         }
         if self.failures:
-            report["log_tails"] = {str(p): log_tail(p) for p in self.logs[-3:]}
+            logs = [p for p in self.logs if p != self.idle_log]
+            report["log_tails"] = {str(p): log_tail(p) for p in logs[-3:]}
         return report
 
 

@@ -252,8 +252,9 @@ def test_buffer_register_close_cycles_leak_nothing(rank):
 
 @pytest.mark.timeout(240, method="thread")
 def test_window_register_close_cycles_leak_nothing(rank, world_size):
-    """10,000 window register/close cycles in a world of its own: no device memory, file
-    descriptor (windows share memory with peers through them) or resource is left behind."""
+    """10,000 window register/close cycles (fewer across nodes) in a world of its own: no device
+    memory, file descriptor (windows share memory with peers through them) or resource is left
+    behind."""
     # Every window registration makes NCCL open ~3 short-lived TCP connections per rank, each
     # then held in TIME_WAIT for 60 s: over a network interface, 10,000 cycles in a minute run
     # out of ephemeral ports ("Cannot assign requested address" after ~9,000 cycles, measured).
@@ -261,8 +262,8 @@ def test_window_register_close_cycles_leak_nothing(rank, world_size):
     # Across nodes (ranks sharing a GPU are nodes) each registration also exchanges addresses
     # over NCCL's bootstrap sockets, milliseconds per rank: 10,000 cycles at 4 ranks took over
     # 200 s.
-    # The count then shrinks with the world; the checks below are absolute, so one leaked
-    # resource, or an fd per cycle, still fails.
+    # The count then shrinks with the world: one leaked resource, or an fd per cycle, still
+    # fails, while the device-memory bound allows more per cycle (32 MiB over fewer cycles).
     cycles = CYCLES if load_store_reachable() else CYCLES // world_size
     child = run_child_world(rank, GPU_DIR / "window_cycles_world.py", [str(cycles)], timeout_s=200)
     assert child.returncode == 0, child.stdout[-2000:] + child.stderr[-3000:]
