@@ -343,10 +343,13 @@ void Communicator::abort(CommunicatorListener* instead) noexcept {
 
 bool Communicator::canRevoke() const {
   return !nonblocking_ && nccl().commRevoke != nullptr &&
-         capturedGraphs_.live() == 0;
+         capturedGraphs_.live() == 0 && !finalizing_.load();
 }
 
 void Communicator::revokeHandle() noexcept {
+  if (finalizing_.exchange(true)) {
+    return;
+  }
   try {
     DeviceGuard guard(device_);
     NCCL_CORE_WARN(nccl().commRevoke(comm_, 0));
@@ -372,45 +375,72 @@ bool Communicator::stopKernels() noexcept {
 bool Communicator::flush() noexcept {
   // NCCL's finalize also waits for the CUDA graphs that captured its work. A
   // suspended communicator has no op in flight, and no memory to finalize.
-  if (capturedGraphs_.live() > 0 || isSuspended() ||
-      (!nonblocking_ && !canRevoke())) {
+  if (capturedGraphs_.live() > 0 || isSuspended() || isAborted()) {
     return false;
+  }
+  if (!nonblocking_) {
+    return finalizeBlocking();
   }
   try {
     const Use use(*this); // raises once aborted: nothing is left to flush
+    if (finalizing_.exchange(true)) {
+      return false;
+    }
     DeviceGuard guard(device_);
-    if (nonblocking_) {
-      const ncclResult_t started = nccl().commFinalize(use.handle());
-      if (started != ncclInProgress) {
-        return started == ncclSuccess;
-      }
-      const auto settled = pollUntilSettled();
-      return settled && *settled == ncclSuccess;
+    const ncclResult_t started = nccl().commFinalize(use.handle());
+    if (started != ncclInProgress) {
+      return started == ncclSuccess;
     }
-    // A blocking finalize waits for the peers' side of each transfer: a
-    // timer revokes the communicator if they never take it.
-    std::mutex mutex;
-    std::condition_variable finished;
-    bool done = false;
-    std::thread timer([&] {
-      std::unique_lock<std::mutex> lock(mutex);
-      if (!finished.wait_for(lock, timeout(), [&] { return done; })) {
-        revokeHandle();
-      }
-    });
-    const ncclResult_t result = nccl().commFinalize(use.handle());
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      done = true;
-    }
-    finished.notify_all();
-    timer.join();
-    return result == ncclSuccess;
+    const auto settled = pollUntilSettled();
+    return settled && *settled == ncclSuccess;
   } catch (const std::exception& e) {
     LOG(WARNING) << "[nccl_core] could not flush the NCCL communicator of "
                  << label_ << ": " << e.what();
     return false;
   }
+}
+
+bool Communicator::finalizeBlocking() noexcept {
+  struct Outcome {
+    std::mutex mutex;
+    std::condition_variable ended;
+    std::optional<bool> flushed;
+  };
+  const auto outcome = std::make_shared<Outcome>();
+  try {
+    // The thread's Use keeps the handle until finalize returns: an abort
+    // meanwhile frees it then, on that thread.
+    std::thread([self = shared_from_this(), outcome] {
+      bool flushed = false;
+      try {
+        const Use use(*self);
+        if (!self->finalizing_.exchange(true)) {
+          DeviceGuard guard(self->device_);
+          flushed = nccl().commFinalize(use.handle()) == ncclSuccess;
+        }
+      } catch (const std::exception&) {
+        // aborted before it started: nothing is left to flush
+      }
+      {
+        std::lock_guard<std::mutex> lock(outcome->mutex);
+        outcome->flushed = flushed;
+      }
+      outcome->ended.notify_all();
+    }).detach();
+  } catch (const std::exception& e) {
+    LOG(WARNING) << "[nccl_core] could not flush the NCCL communicator of "
+                 << label_ << ": " << e.what();
+    return false;
+  }
+  std::unique_lock<std::mutex> lock(outcome->mutex);
+  if (outcome->ended.wait_for(
+          lock, timeout(), [&] { return outcome->flushed.has_value(); })) {
+    return *outcome->flushed;
+  }
+  LOG(WARNING) << "[nccl_core] ncclCommFinalize on the NCCL communicator of "
+               << label_ << " did not return within " << timeout().count()
+               << " ms; the communicator is freed once it does";
+  return false;
 }
 
 void Communicator::releaseHandle() noexcept {

@@ -195,10 +195,12 @@ class Communicator final : public AllocationObserver,
   // Lets this rank's proxy finish moving the data of ops its GPU finished
   // (ncclCommFinalize): over a network a send's kernel can end while its
   // data is still on the way, which ncclCommAbort would drop, leaving the
-  // peer a wrong result. Waited for up to the timeout, then ended with
-  // ncclCommRevoke (blocking) or left to the abort that follows; false
-  // then, where a blocking wait could not be bounded (no revoke) and while
-  // CUDA graphs that captured its work are alive (NCCL waits for them).
+  // peer a wrong result. Waited for up to the timeout; false past it, and
+  // while CUDA graphs that captured its work are alive (NCCL waits for
+  // them). Nothing ends a blocking finalize early (NCCL refuses
+  // ncclCommRevoke once it started), so past the timeout it is left to
+  // finish on a thread of its own, and the abort that follows frees the
+  // communicator when it does.
   bool flush() noexcept;
   // The same, telling `instead` too: a listener that is being destroyed can
   // no longer be reached as one.
@@ -313,8 +315,11 @@ class Communicator final : public AllocationObserver,
   void releaseHandle() noexcept;
   // Whether ncclCommRevoke may run (see stopKernels).
   bool canRevoke() const;
-  // ncclCommRevoke on the handle, which must be alive.
+  // ncclCommRevoke on the handle, which must be alive; once at most.
   void revokeHandle() noexcept;
+  // ncclCommFinalize on a blocking communicator, waited for up to the
+  // timeout (see flush).
+  bool finalizeBlocking() noexcept;
 
   // Polls a nonblocking communicator until NCCL finished `call`. At the
   // timeout it aborts the communicator (which ends NCCL's pending job, so it
@@ -355,6 +360,9 @@ class Communicator final : public AllocationObserver,
   std::atomic<bool> releaseRequested_{false};
   std::atomic<int> hostCalls_{0}; // HostCalls in progress
   std::atomic<bool> released_{false};
+  // ncclCommFinalize or ncclCommRevoke was called: NCCL takes neither again
+  // (both set its finalizeCalled; init.cc).
+  std::atomic<bool> finalizing_{false};
   CapturedGraphs capturedGraphs_;
   // Serialises suspend() and resume(); suspended_ is read without it.
   std::mutex suspendMutex_;

@@ -324,6 +324,11 @@ void bindFakeNccl(py::module_& testing) {
       py::arg("comm"),
       release);
   testing.def(
+      "stop_kernels",
+      [](Communicator& comm) { return comm.stopKernels(); },
+      py::arg("comm"),
+      release);
+  testing.def(
       "enqueue",
       [](Communicator& comm, const std::string& call) {
         // Every collective and point-to-point entry the fake scripts, with

@@ -113,12 +113,15 @@ ncclResult_t abortComm(ncclComm_t comm) {
 }
 
 ncclResult_t finalizeComm(ncclComm_t comm) {
-  return Call("ncclCommFinalize", fakeOf(comm)).result;
+  FakeNccl::Comm* fake = fakeOf(comm);
+  if (!FakeNccl::current().startFinalize(fake)) {
+    return ncclInvalidArgument;
+  }
+  return Call("ncclCommFinalize", fake).result;
 }
 
 ncclResult_t revokeComm(ncclComm_t comm, int /*flags*/) {
-  FakeNccl::current().revoke(fakeOf(comm));
-  return ncclSuccess;
+  return FakeNccl::current().revoke(fakeOf(comm));
 }
 
 // NCCL >= 2.29.7's memory offload: a second suspend or resume in a row is
@@ -481,14 +484,28 @@ ncclResult_t FakeNccl::asyncState(Comm* comm, ncclResult_t* state) {
   return ncclSuccess;
 }
 
-void FakeNccl::revoke(Comm* comm) {
+bool FakeNccl::startFinalize(Comm* comm) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (comm->finalizing) {
+    ++calls_["ncclCommFinalize"];
+    return false;
+  }
+  comm->finalizing = true;
+  return true;
+}
+
+ncclResult_t FakeNccl::revoke(Comm* comm) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ++calls_["ncclCommRevoke"];
     usedAfterFree_ += comm->freed ? 1 : 0;
+    if (std::exchange(comm->finalizing, true)) {
+      return ncclInvalidArgument;
+    }
     comm->revoked = true;
   }
   released_.notify_all();
+  return ncclSuccess;
 }
 
 void FakeNccl::abort(Comm* comm) {

@@ -74,6 +74,9 @@ class FakeNccl {
     bool freed = false;
     // ncclCommRevoke raised its abort flag: held calls return an error.
     bool revoked = false;
+    // ncclCommFinalize or ncclCommRevoke was called; NCCL refuses both
+    // after either (ncclInvalidArgument, init.cc).
+    bool finalizing = false;
     // ncclCommSuspend released its memory (a second one is misuse, as in
     // NCCL: ncclInvalidUsage).
     bool suspended = false;
@@ -105,7 +108,9 @@ class FakeNccl {
   void noteShrinkFlags(int flags);
   ncclResult_t asyncState(Comm* comm, ncclResult_t* state);
   void abort(Comm* comm);
-  void revoke(Comm* comm);
+  ncclResult_t revoke(Comm* comm);
+  // False where NCCL refuses the finalize (see Comm::finalizing).
+  bool startFinalize(Comm* comm);
 
  private:
   Comm*

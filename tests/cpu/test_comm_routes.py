@@ -253,3 +253,17 @@ def test_the_twin_stops_first_and_is_freed_after_the_group(fake, memory, blockin
     assert comm.is_aborted and not twin_aborted_first and twin.is_aborted
     assert revoked_first == (1 if blocking else 0)
     assert fake.calls("ncclCommAbort") == 2
+
+
+def test_a_flushed_twin_is_not_revoked(fake, memory):
+    """A clean shutdown finalizes the group and its twin, then aborts them: the twin's kernels
+    are not revoked then (NCCL refuses ncclCommRevoke once ncclCommFinalize started; was, a
+    refused revoke logged as an NCCL error at every shutdown)."""
+    comm = testing.create_communicator(2, 0, timedelta(seconds=5), True, "group 'g'")
+    routes = testing.CommRoutes(comm)
+    testing.register_window(comm, memory(4096), SYMMETRIC)
+    twin = routes.twin
+    assert testing.flush(comm) and testing.flush(twin)
+    testing.abort(comm)
+    assert twin.is_aborted
+    assert fake.calls("ncclCommRevoke") == 0 and fake.calls("ncclCommAbort") == 2

@@ -233,14 +233,13 @@ CommRoutes::registerSegments(const std::vector<Segment>& segments) {
 
 std::shared_ptr<RegisteredBuffer>
 CommRoutes::tryRegister(Communicator& comm, const Allocation& allocation) {
-  void* base = reinterpret_cast<void*>(allocation.base);
-  if (allocation.kind == MemoryKind::Nccl) {
-    return comm.registerBuffer(base, allocation.size);
-  }
   try {
-    return comm.registerBuffer(base, allocation.size);
+    return comm.registerBuffer(
+        reinterpret_cast<void*>(allocation.base), allocation.size);
   } catch (const c10::DistBackendError& e) {
-    if (comm.isAborted()) {
+    // NCCL may refuse torch's memory (ops then run unregistered), not its
+    // own: a refusal there is an error.
+    if (comm.isAborted() || allocation.kind == MemoryKind::Nccl) {
       throw;
     }
     LOG(WARNING) << "[nccl_core] " << comm.label() << " runs ops on "
