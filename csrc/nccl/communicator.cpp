@@ -346,9 +346,9 @@ bool Communicator::canRevoke() const {
          capturedGraphs_.live() == 0 && !finalizing_.load();
 }
 
-void Communicator::revokeHandle() noexcept {
+bool Communicator::revokeHandle() noexcept {
   if (finalizing_.exchange(true)) {
-    return;
+    return false;
   }
   try {
     DeviceGuard guard(device_);
@@ -357,6 +357,7 @@ void Communicator::revokeHandle() noexcept {
     LOG(WARNING) << "[nccl_core] could not revoke the NCCL communicator of "
                  << label_ << ": " << e.what();
   }
+  return true;
 }
 
 bool Communicator::stopKernels() noexcept {
@@ -365,8 +366,7 @@ bool Communicator::stopKernels() noexcept {
   }
   try {
     const Use use(*this); // raises once aborted: nothing is left to stop
-    revokeHandle();
-    return true;
+    return revokeHandle();
   } catch (const std::exception&) {
     return false;
   }
@@ -375,7 +375,8 @@ bool Communicator::stopKernels() noexcept {
 bool Communicator::flush() noexcept {
   // NCCL's finalize also waits for the CUDA graphs that captured its work. A
   // suspended communicator has no op in flight, and no memory to finalize.
-  if (capturedGraphs_.live() > 0 || isSuspended() || isAborted()) {
+  if (capturedGraphs_.live() > 0 || isSuspended() || isAborted() ||
+      finalizing_.load()) {
     return false;
   }
   if (!nonblocking_) {
@@ -410,17 +411,24 @@ bool Communicator::finalizeBlocking() noexcept {
   try {
     // The thread's Use keeps the handle until finalize returns: an abort
     // meanwhile frees it then, on that thread.
-    std::thread([self = shared_from_this(), outcome] {
+    std::thread([self = shared_from_this(), outcome]() mutable {
+      // Its stream syncs, and the abort it may end with, must not break
+      // another thread's CUDA graph capture.
+      cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
+      C10_CUDA_CHECK_WARN(nccl().exchangeStreamCaptureMode(&mode));
       bool flushed = false;
       try {
         const Use use(*self);
-        if (!self->finalizing_.exchange(true)) {
+        if (!self->isAborted() && !self->finalizing_.exchange(true)) {
           DeviceGuard guard(self->device_);
           flushed = nccl().commFinalize(use.handle()) == ncclSuccess;
         }
       } catch (const std::exception&) {
         // aborted before it started: nothing is left to flush
       }
+      // Dropped before the caller hears back, so that a flush that returns
+      // in time leaves the communicator's end to its owners' threads.
+      self.reset();
       {
         std::lock_guard<std::mutex> lock(outcome->mutex);
         outcome->flushed = flushed;

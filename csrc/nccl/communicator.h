@@ -181,8 +181,10 @@ class Communicator final : public AllocationObserver,
 
   // Frees the communicator and every resource registered with it, and makes
   // any operation still running on it return, a blocking host call in
-  // progress on another thread too (NCCL >= 2.28.7). Idempotent (a
-  // concurrent call returns once the first one is through), never throws,
+  // progress on another thread too (NCCL >= 2.28.7; not once a finalize
+  // started, see flush: the call holds the handle until it returns, and NCCL
+  // refuses the revoke that would end it). Idempotent
+  // (a concurrent call returns once the first one is through), never throws,
   // never waits for peers. While CUDA graphs that captured its work are
   // alive, NCCL frees it on a thread of its own once they are destroyed.
   void abort() noexcept;
@@ -315,8 +317,9 @@ class Communicator final : public AllocationObserver,
   void releaseHandle() noexcept;
   // Whether ncclCommRevoke may run (see stopKernels).
   bool canRevoke() const;
-  // ncclCommRevoke on the handle, which must be alive; once at most.
-  void revokeHandle() noexcept;
+  // ncclCommRevoke on the handle, which must be alive; once at most, and
+  // never after a finalize: false where it did not call it.
+  bool revokeHandle() noexcept;
   // ncclCommFinalize on a blocking communicator, waited for up to the
   // timeout (see flush).
   bool finalizeBlocking() noexcept;
