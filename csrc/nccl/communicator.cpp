@@ -418,8 +418,8 @@ bool Communicator::finalizeBlocking() noexcept {
       C10_CUDA_CHECK_WARN(nccl().exchangeStreamCaptureMode(&mode));
       bool flushed = false;
       try {
-        const Use use(*self);
-        if (!self->isAborted() && !self->finalizing_.exchange(true)) {
+        const Use use(*self); // raises once aborted
+        if (!self->finalizing_.exchange(true)) {
           DeviceGuard guard(self->device_);
           flushed = nccl().commFinalize(use.handle()) == ncclSuccess;
         }

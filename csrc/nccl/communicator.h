@@ -183,9 +183,9 @@ class Communicator final : public AllocationObserver,
   // any operation still running on it return, a blocking host call in
   // progress on another thread too (NCCL >= 2.28.7; not once a finalize
   // started, see flush: the call holds the handle until it returns, and NCCL
-  // refuses the revoke that would end it). Idempotent
-  // (a concurrent call returns once the first one is through), never throws,
-  // never waits for peers. While CUDA graphs that captured its work are
+  // refuses the revoke that would end it). Idempotent (a concurrent call
+  // returns once the first one is through), never throws, never waits for
+  // peers. While CUDA graphs that captured its work are
   // alive, NCCL frees it on a thread of its own once they are destroyed.
   void abort() noexcept;
   // Makes its kernels and blocking host calls end without freeing it
