@@ -23,6 +23,7 @@ from .communicator import (
     communicator,
 )
 from .dev_comm import DevCommRequirements, GinConnectionType, GinType
+from .elastic import grow_group, join_group
 from .memory import empty, mem_pool, resolve_tensor
 from .memory_offload import memory_stats, resume, suspend
 
@@ -82,7 +83,9 @@ __all__ = [
     "dump_flight_recorder",
     "empty",
     "features",
+    "grow_group",
     "interop",
+    "join_group",
     "mem_pool",
     "memory_stats",
     "nccl_version",

@@ -79,7 +79,7 @@ def empty(
         raise ValueError(f"the group's communicator is on cuda:{comm.device}, not on {device}")
     tensor = _C.empty(sizes, dtype, device.index, morder == "F")
     if comm.register_window(tensor, int(window_flags)) is None:
-        raise NotImplementedError("NCCL returned no window: windows are unsupported here")
+        raise NotImplementedError(comm._no_window_reason())
     return tensor
 
 

@@ -249,6 +249,28 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
       const std::vector<int64_t>& ranksToExclude,
       int shrinkFlags,
       const c10::intrusive_ptr<c10d::Backend::Options>& optsOverride) override;
+
+  // Elastic grow (backend/grow.cpp; NCCL >= 2.29's ncclCommGrow): this
+  // group's ranks and processes that join() make a group of `newSize` ranks
+  // named `name`, in which this group's ranks keep their numbers and the
+  // others take the rest. Collective over this group; `store` is the new
+  // group's, the same in every process. The ranks meet in it first, bounded
+  // by the group's timeout; a rank that never came is named.
+  c10::intrusive_ptr<NcclCoreBackend> grow(
+      const c10::intrusive_ptr<c10d::Store>& store,
+      int newSize,
+      std::string name);
+  // A new process's part in a grow under `store`: rank `rank` of `size`, on
+  // CUDA device `device`. ValueError where the rank is one the growing group
+  // has, or another process took, or `size` is not the group's new size.
+  static c10::intrusive_ptr<NcclCoreBackend> join(
+      const c10::intrusive_ptr<c10d::Store>& store,
+      int rank,
+      int size,
+      std::string name,
+      std::shared_ptr<const NcclCoreOptions> options,
+      std::chrono::milliseconds timeout,
+      int device);
   void eagerConnectSingleDevice(at::Device device) override;
   c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override;
   c10d::ErrorType getError() override;

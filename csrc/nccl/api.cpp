@@ -66,6 +66,8 @@ NcclApi makeRealApi() {
     lookUp(api.getLsaDevicePointer, "ncclGetLsaDevicePointer");
     lookUp(api.getLsaMultimemDevicePointer, "ncclGetLsaMultimemDevicePointer");
     lookUp(api.commQueryProperties, "ncclCommQueryProperties");
+    lookUp(api.commGetUniqueId, "ncclCommGetUniqueId");
+    lookUp(api.commGrow, "ncclCommGrow");
   }
   if (code >= NCCL_VERSION(2, 29, 7)) {
     lookUp(api.commSuspend, "ncclCommSuspend");

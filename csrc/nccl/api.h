@@ -90,6 +90,14 @@ struct NcclApi {
   ncclResult_t (*getLsaMultimemDevicePointer)(ncclWindow_t, size_t, void**);
   // Its ncclCommProperties_t exists only in NCCL >= 2.29's headers.
   ncclResult_t (*commQueryProperties)(ncclComm_t, void*);
+  ncclResult_t (*commGetUniqueId)(ncclComm_t, ncclUniqueId*);
+  ncclResult_t (*commGrow)(
+      ncclComm_t,
+      int,
+      const ncclUniqueId*,
+      int,
+      ncclComm_t*,
+      ncclConfig_t*);
 
   // NCCL >= 2.29.7: looked up at run time, null where the runtime lacks them.
   // The statistic is an ncclCommMemStat_t (NcclMemStat).

@@ -35,13 +35,20 @@ std::shared_ptr<Communicator> Communicator::create(
     ncclConfig_t config,
     std::chrono::milliseconds timeout,
     std::string label,
-    const std::function<void(const std::shared_ptr<Communicator>&)>& started) {
+    const std::function<void(const std::shared_ptr<Communicator>&)>& started,
+    Joining how) {
+  const bool grows = how == Joining::Grow;
+  if (grows) {
+    requireGrowSupport("join");
+  }
+  const char* call = grows ? "ncclCommGrow" : "ncclCommInitRankConfig";
   DeviceGuard guard(device);
   ncclComm_t comm = nullptr;
-  ncclResult_t result =
-      nccl().commInitRankConfig(&comm, nranks, id, rank, &config);
+  const ncclResult_t result =
+      grows ? nccl().commGrow(nullptr, nranks, &id, rank, &comm, &config)
+            : nccl().commInitRankConfig(&comm, nranks, id, rank, &config);
   if (comm == nullptr) {
-    throwNcclError(result, "ncclCommInitRankConfig", __FILE__, __LINE__);
+    throwNcclError(result, call, __FILE__, __LINE__);
   }
   // Owned from here on, so that a failed or late initialization is aborted.
   auto communicator =
@@ -49,7 +56,7 @@ std::shared_ptr<Communicator> Communicator::create(
   if (started) {
     started(communicator);
   }
-  communicator->check(result, "ncclCommInitRankConfig");
+  communicator->check(result, call);
   return communicator;
 }
 

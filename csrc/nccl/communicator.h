@@ -50,6 +50,10 @@ class CommunicatorListener {
 class Communicator final : public AllocationObserver,
                            public std::enable_shared_from_this<Communicator> {
  public:
+  // What create() makes: a communicator of its own (ncclCommInitRankConfig),
+  // or a new process's part in another communicator's grow (ncclCommGrow,
+  // NCCL >= 2.29; `id` is the growing communicator's growId()).
+  enum class Joining { Init, Grow };
   // Collective over the `nranks` processes that share `id`. A nonblocking
   // config (blocking = 0) is waited for up to `timeout`, then aborted.
   // `label` names the communicator in errors ("group 'name'"). `started`
@@ -64,7 +68,8 @@ class Communicator final : public AllocationObserver,
       std::chrono::milliseconds timeout,
       std::string label,
       const std::function<void(const std::shared_ptr<Communicator>&)>& started =
-          nullptr);
+          nullptr,
+      Joining how = Joining::Init);
 
   // ncclCommSplit, collective over this communicator. Returns nullptr on a
   // rank that passes color < 0 (it joins no new communicator). `label` names
@@ -79,6 +84,23 @@ class Communicator final : public AllocationObserver,
       int flags,
       ncclConfig_t config,
       std::string label);
+
+  // ncclCommGrow (NCCL >= 2.29, csrc/nccl/communicator_grow.cpp): a
+  // communicator of `newSize` ranks in which this one's keep their numbers
+  // and processes that join (create, Joining::Grow) take the others.
+  // Collective over this communicator; one rank first takes the id the
+  // joining processes need (growId), and passes it here, the others pass
+  // null.
+  std::shared_ptr<Communicator> grow(
+      int newSize,
+      const ncclUniqueId* id,
+      ncclConfig_t config,
+      std::string label);
+  // ncclCommGetUniqueId: the id of the next grow, on one rank of this
+  // communicator; NCCL hands it to the others within grow().
+  ncclUniqueId growId();
+  // NotImplementedError naming `op` where the loaded NCCL cannot grow.
+  static void requireGrowSupport(const char* op);
 
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;

@@ -5,6 +5,7 @@
 #include <nccl_device.h>
 
 #include "nccl/api.h"
+#include "nccl/capabilities.h"
 #include "nccl/communicator.h"
 #include "nccl/dev_comm.h"
 #include "nccl/errors.h"
@@ -14,22 +15,6 @@
 namespace nccl_core {
 
 namespace {
-
-void requireBuildRelease(const char* what) {
-  const NcclVersion& runtime = runtimeVersion();
-  NCCL_CORE_CHECK_SUPPORTED(
-      runtime.major == NCCL_MAJOR && runtime.minor == NCCL_MINOR,
-      what,
-      "needs the NCCL release this extension was built against (",
-      NCCL_MAJOR,
-      ".",
-      NCCL_MINOR,
-      "), but NCCL ",
-      runtime.major,
-      ".",
-      runtime.minor,
-      " is loaded: the device API's structures differ between releases");
-}
 
 const ncclDevComm_t& devCommOf(const std::shared_ptr<void>& devComm) {
   return *static_cast<const ncclDevComm_t*>(devComm.get());
@@ -143,7 +128,8 @@ void requireEveryPeerReachable(Communicator& comm) {
     return;
   }
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 0)
-  const bool gin = ginType(comm, /*railed=*/false) != NCCL_GIN_TYPE_NONE;
+  const bool gin =
+      queryCapabilities(comm, "create_dev_comm").ginType != NCCL_GIN_TYPE_NONE;
   const char* why = "NCCL has no GPU-initiated networking (GIN) on it";
 #else
   const bool gin = false;
@@ -184,29 +170,6 @@ std::shared_ptr<DevComm> createDevComm(
   }
   comm.check(result, "ncclDevCommCreate");
   return comm.adoptDevComm(std::static_pointer_cast<void>(devComm));
-}
-
-int ginType(Communicator& comm, bool railed) {
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 0)
-  requireBuildRelease("gin_type");
-  const auto query = nccl().commQueryProperties;
-  NCCL_CORE_CHECK_SUPPORTED(
-      query != nullptr, "gin_type", "NCCL has no ncclCommQueryProperties");
-  ncclCommProperties_t props = NCCL_COMM_PROPERTIES_INITIALIZER;
-  NCCL_CORE_CHECK(query(comm.get(), &props));
-  return static_cast<int>(railed ? props.railedGinType : props.ginType);
-#else
-  (void)comm;
-  (void)railed;
-  NCCL_CORE_CHECK_SUPPORTED(
-      false,
-      "gin_type",
-      "needs NCCL >= 2.29 (ncclCommQueryProperties); this extension was built "
-      "against NCCL ",
-      NCCL_MAJOR,
-      ".",
-      NCCL_MINOR);
-#endif
 }
 
 } // namespace nccl_core

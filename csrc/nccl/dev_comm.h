@@ -38,7 +38,4 @@ std::shared_ptr<DevComm> createDevComm(
     Communicator& comm,
     const std::map<std::string, int64_t>& requirements);
 
-// ncclCommQueryProperties' ginType / railedGinType (NCCL >= 2.29 builds).
-int ginType(Communicator& comm, bool railed);
-
 } // namespace nccl_core

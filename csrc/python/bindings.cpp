@@ -232,6 +232,41 @@ void bindBackend(py::module_& m) {
           py::arg("options"),
           py::arg("default_timeout"),
           py::arg("global_ranks") = std::vector<int64_t>{})
+      .def(
+          "_grow",
+          &NcclCoreBackend::grow,
+          py::arg("store"),
+          py::arg("size"),
+          py::arg("group_name"),
+          py::call_guard<py::gil_scoped_release>(),
+          "This group's part in torch_nccl_core.grow_group.")
+      .def_static(
+          "_join",
+          [](const c10::intrusive_ptr<c10d::Store>& store,
+             int rank,
+             int size,
+             std::string groupName,
+             const NcclCoreOptions& options,
+             std::chrono::milliseconds timeout,
+             int device) {
+            return NcclCoreBackend::join(
+                store,
+                rank,
+                size,
+                std::move(groupName),
+                std::make_shared<const NcclCoreOptions>(options),
+                timeout,
+                device);
+          },
+          py::arg("store"),
+          py::arg("rank"),
+          py::arg("size"),
+          py::arg("group_name"),
+          py::arg("options"),
+          py::arg("timeout"),
+          py::arg("device"),
+          py::call_guard<py::gil_scoped_release>(),
+          "A new process's part in torch_nccl_core.grow_group.")
       .def_property_readonly(
           "nccl_options",
           [](const NcclCoreBackend& b) { return NcclCoreOptions(b.options()); },

@@ -8,6 +8,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "backend/ops/arguments.h"
+#include "nccl/capabilities.h"
 #include "nccl/communicator.h"
 #include "nccl/dev_comm.h"
 #include "nccl/errors.h"
@@ -120,8 +121,7 @@ std::vector<WaitSignalDesc> descsOf(const py::object& descs) {
   return descs.cast<std::vector<WaitSignalDesc>>();
 }
 
-py::object ginTypeOf(Communicator& comm, bool railed) {
-  const int value = ginType(comm, railed);
+py::object ginTypeOf(int value) {
   return py::module_::import("torch_nccl_core.dev_comm").attr("GinType")(value);
 }
 
@@ -228,10 +228,37 @@ void bindOneSided(py::module_& m) {
           py::arg("requirements") = py::none(),
           "Creates a device communicator (collective).")
       .def_property_readonly(
-          "gin_type", [](Communicator& comm) { return ginTypeOf(comm, false); })
-      .def_property_readonly("railed_gin_type", [](Communicator& comm) {
-        return ginTypeOf(comm, true);
-      });
+          "gin_type",
+          [](Communicator& comm) {
+            return ginTypeOf(queryCapabilities(comm, "gin_type").ginType);
+          })
+      .def_property_readonly(
+          "railed_gin_type",
+          [](Communicator& comm) {
+            return ginTypeOf(
+                queryCapabilities(comm, "railed_gin_type").railedGinType);
+          })
+      .def_property_readonly(
+          "device_api_support",
+          [](Communicator& comm) {
+            return queryCapabilities(comm, "device_api_support").deviceApi;
+          },
+          "Whether NCCL gave the communicator symmetric memory: windows and "
+          "device communicators (ncclCommQueryProperties, NCCL >= 2.29).")
+      .def_property_readonly(
+          "host_rma_support",
+          [](Communicator& comm) {
+            return queryCapabilities(comm, "host_rma_support").hostRma;
+          },
+          "Whether NCCL's host one-sided API (ncclPutSignal) reaches every "
+          "peer (ncclCommQueryProperties, NCCL >= 2.29.7).")
+      .def_property_readonly(
+          "supports_windows",
+          &supportsWindows,
+          "Whether NCCL registers windows on the communicator: from NCCL 2.29 "
+          "on, only where its ranks are load/store reachable or GIN reaches "
+          "them (register_window gives None elsewhere).")
+      .def("_no_window_reason", &noWindowReason);
   m.def("one_sided_engine", [] {
     return oneSidedEngine() == OneSidedEngine::Host ? "nccl" : "load_store";
   });

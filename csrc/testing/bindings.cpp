@@ -198,10 +198,11 @@ void bindFakeNccl(py::module_& testing) {
       "Installs a scripted NCCL until uninstall() (see fake_nccl.h); "
       "communicators of the fake come from create_communicator.")
       .def(
-          py::init<bool, bool, bool>(),
+          py::init<bool, bool, bool, bool>(),
           py::arg("real_cuda") = false,
           py::arg("revoke") = true,
-          py::arg("suspend") = true)
+          py::arg("suspend") = true,
+          py::arg("grow") = true)
       .def("uninstall", &Fake::uninstall)
       .def("hold", &Fake::hold, py::arg("call"))
       .def("release", &Fake::release, py::arg("call"))
@@ -252,6 +253,37 @@ void bindFakeNccl(py::module_& testing) {
       py::arg("comm"),
       py::arg("excluded"),
       py::arg("flags"),
+      release);
+  testing.def(
+      "grow",
+      [](Communicator& comm, int newSize, bool root) {
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        const std::optional<ncclUniqueId> id =
+            root ? std::optional(comm.growId()) : std::nullopt;
+        return comm.grow(newSize, id ? &*id : nullptr, config, "group 'grown'");
+      },
+      py::arg("comm"),
+      py::arg("new_size"),
+      py::arg("root"),
+      release);
+  testing.def(
+      "join",
+      [](int newSize, int rank, std::chrono::milliseconds timeout) {
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        return Communicator::create(
+            newSize,
+            rank,
+            ncclUniqueId{},
+            0,
+            config,
+            timeout,
+            "group 'grown'",
+            nullptr,
+            Communicator::Joining::Grow);
+      },
+      py::arg("new_size"),
+      py::arg("rank"),
+      py::arg("timeout"),
       release);
   testing.def(
       "rendezvous",

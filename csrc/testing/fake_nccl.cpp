@@ -93,6 +93,28 @@ ncclResult_t shrinkComm(
   return call.result;
 }
 
+// The existing ranks keep theirs; a joining process (no parent) takes `rank`.
+ncclResult_t growComm(
+    ncclComm_t comm,
+    int nRanks,
+    const ncclUniqueId* /*id*/,
+    int rank,
+    ncclComm_t* newcomm,
+    ncclConfig_t* config) {
+  if (comm == nullptr) {
+    FakeNccl::Comm* made = FakeNccl::current().make(rank, nRanks, config, true);
+    *newcomm = handleOf(made);
+    return Call("ncclCommGrow", made).result;
+  }
+  FakeNccl::Comm* parent = fakeOf(comm);
+  const Call call("ncclCommGrow", parent);
+  if (call.result != ncclSuccess && call.result != ncclInProgress) {
+    return call.result;
+  }
+  FakeNccl::current().derive(parent, parent->rank, nRanks, newcomm, config);
+  return call.result;
+}
+
 ncclResult_t userRank(ncclComm_t comm, int* rank) {
   *rank = fakeOf(comm)->rank;
   return Call("ncclCommUserRank", fakeOf(comm)).result;
@@ -242,6 +264,11 @@ ncclResult_t getUniqueId(ncclUniqueId* id) {
   return ncclSuccess;
 }
 
+ncclResult_t growId(ncclComm_t comm, ncclUniqueId* id) {
+  getUniqueId(id);
+  return Call("ncclCommGetUniqueId", fakeOf(comm)).result;
+}
+
 const char* lastError(ncclComm_t /*comm*/) {
   return "fake NCCL";
 }
@@ -266,7 +293,7 @@ cudaError_t exchangeCaptureMode(cudaStreamCaptureMode* /*mode*/) {
 
 } // namespace
 
-FakeNccl::FakeNccl(bool realCuda, bool revoke, bool suspend) {
+FakeNccl::FakeNccl(bool realCuda, bool revoke, bool suspend, bool grow) {
   table_.getVersion = realNccl().getVersion; // features stay the runtime's
   table_.getErrorString = realNccl().getErrorString;
   table_.getUniqueId = &getUniqueId;
@@ -283,6 +310,8 @@ FakeNccl::FakeNccl(bool realCuda, bool revoke, bool suspend) {
   table_.commSuspend = suspend ? &suspendComm : nullptr;
   table_.commResume = suspend ? &resumeComm : nullptr;
   table_.commMemStats = suspend ? &memStats : nullptr;
+  table_.commGetUniqueId = grow ? &growId : nullptr;
+  table_.commGrow = grow ? &growComm : nullptr;
   table_.groupStart = &group;
   table_.groupEnd = &group;
   scriptNothing<kAllReduce>(table_.allReduce);

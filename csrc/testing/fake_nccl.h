@@ -28,11 +28,13 @@ class FakeNccl {
   // capture mode must hold while another thread captures a CUDA graph).
   // Without `revoke` the table has no ncclCommRevoke (NCCL < 2.28.7), without
   // `suspend` no ncclCommSuspend / ncclCommResume / ncclCommMemStats
-  // (NCCL < 2.29.7).
+  // (NCCL < 2.29.7), without `grow` no ncclCommGrow / ncclCommGetUniqueId
+  // (NCCL < 2.29).
   explicit FakeNccl(
       bool realCuda = false,
       bool revoke = true,
-      bool suspend = true);
+      bool suspend = true,
+      bool grow = true);
   FakeNccl(const FakeNccl&) = delete;
   FakeNccl& operator=(const FakeNccl&) = delete;
   // Reinstalls NCCL's own table.

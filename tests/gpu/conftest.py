@@ -32,7 +32,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from .helpers import WORLD_SIZE, local_device
+from .helpers import WORLD_SIZE, local_device, window_refusal
 
 GPU_DIR = pathlib.Path(__file__).resolve().parent
 SKIP_REASON = "needs torchrun --nproc-per-node=N and a GPU; see README"
@@ -195,6 +195,16 @@ def nccl_group(_distributed) -> dist.ProcessGroup:
     Created by the first test that asks for it, at the same point on every rank.
     """
     return _new_reference_group()
+
+
+@pytest.fixture
+def windows(_distributed) -> None:
+    """Skips a test of windows where NCCL gives the world's communicator none (ranks that are
+    not load/store reachable, NCCL >= 2.29 without GIN), with NCCL's reason; the refusal itself
+    is tested by test_communicator.py's test_without_symmetric_memory_windows_are_refused."""
+    reason = window_refusal()
+    if reason is not None:
+        pytest.skip(reason)
 
 
 @pytest.fixture

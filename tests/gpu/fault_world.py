@@ -698,6 +698,8 @@ def _window_registration(job_store, timeout_s: float) -> HostCall | str:
     if not torch_nccl_core.features()["window_registration"]:
         return "this NCCL has no window registration"
     comm = torch_nccl_core.communicator()
+    if not comm.supports_windows:  # NCCL >= 2.29 gives None at once: no wait for the peer
+        return comm._no_window_reason()
     memory = torch_nccl_core.empty(1 << 20)  # windows need NCCL memory
     return (lambda: comm.register_window(memory)), world_backend()
 
@@ -1001,6 +1003,61 @@ def killed_rank_then_shrink_and_train(job_store) -> dict:
     return report
 
 
+GROW_KEY = "regrow-after-kill"
+
+
+def killed_rank_then_shrink_grow_and_train(job_store) -> dict:
+    """As killed_rank_then_shrink_and_train, then a process that replaced the killed rank
+    (replacement_joins_the_grown_world) joins: the world grows back to its size, ranks keep
+    their numbers, and a DDP model trained on it matches a reference of every rank's batches.
+    Where NCCL cannot grow (< 2.29), grow_group must refuse naming what it needs, and the
+    shrunk world go on."""
+    report = outlive_a_killed_peer(job_store)
+    dist.shrink_group([WORLD - 1], shrink_flags=dist.distributed_c10d.SHRINK_ABORT)
+    report["shrunk_world"] = dist.get_world_size()
+    if not torch_nccl_core.features()["comm_grow"]:
+        try:
+            torch_nccl_core.grow_group(WORLD, GROW_KEY)
+            report["refusal"] = None
+        except NotImplementedError as e:
+            report["refusal"] = str(e)
+        report["probe"] = probe()
+        dist.destroy_process_group()
+        return report
+    # As an elastic agent would: the new process is up before the world waits for it (the
+    # grow's meeting is bounded by the world's 10 s timeout, a Python start is not).
+    job_store.wait(["replacement_up"], timedelta(seconds=60))
+    start = time.monotonic()
+    world = torch_nccl_core.grow_group(WORLD, GROW_KEY)
+    report["grow_s"] = time.monotonic() - start
+    report.update(grown_world_report(world))
+    return report
+
+
+def replacement_joins_the_grown_world(job_store) -> dict:
+    """A new process in place of the killed last rank: joins the survivors' grow as that rank."""
+    torch.cuda.set_device(DEVICE)
+    torch.cuda.synchronize(DEVICE)  # CUDA is up
+    job_store.set("replacement_up", "1")
+    world = torch_nccl_core.join_group(
+        WORLD, RANK, GROW_KEY, store=job_store, timeout=timedelta(seconds=60), device_id=DEVICE
+    )
+    return grown_world_report(world)
+
+
+def grown_world_report(world: dist.ProcessGroup) -> dict:
+    report = {
+        "default": world is dist.group.WORLD,
+        "world": dist.get_world_size(),
+        "rank": dist.get_rank(),
+        "backend": dist.get_backend(),
+        "probe": probe(),
+        "ddp_difference": ddp_difference_from_a_reference(),
+    }
+    dist.destroy_process_group()
+    return report
+
+
 def rank0_late_at_init(job_store) -> dict:
     """Rank 0 (the store's host) comes to init_process_group 5 s after the others: every rank
     initializes, the first op is right, nothing fails."""
@@ -1100,6 +1157,8 @@ SCENARIOS = {
     "nccl_memory_churn_on_two_threads": nccl_memory_churn_on_two_threads,
     "peer_killed_mid_all_reduce": peer_killed_mid_all_reduce,
     "killed_rank_then_shrink_and_train": killed_rank_then_shrink_and_train,
+    "killed_rank_then_shrink_grow_and_train": killed_rank_then_shrink_grow_and_train,
+    "replacement_joins_the_grown_world": replacement_joins_the_grown_world,
     "rank0_late_at_init": rank0_late_at_init,
     "rank_never_joins_new_group": rank_never_joins_new_group,
     "timeout_after_a_window": lambda s: timeout_after(s, use_a_window_first),

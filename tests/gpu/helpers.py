@@ -75,6 +75,15 @@ def load_store_reachable(group: dist.ProcessGroup | None = None) -> bool:
     return comm.lsa_size == comm.size
 
 
+def window_refusal(group: dist.ProcessGroup | None = None) -> str | None:
+    """None where NCCL gives the communicator of `group` windows; else the reason a window
+    registration gives. NCCL >= 2.29 gives symmetric memory (windows, device communicators)
+    across load/store teams only where GPU-initiated networking (GIN) reaches every rank, and
+    says so in ncclCommQueryProperties: the test's premise, not the package's behaviour."""
+    comm = torch_nccl_core.communicator(group)
+    return None if comm.supports_windows else comm._no_window_reason()
+
+
 def one_sided_refusal(group: dist.ProcessGroup | None = None) -> str | None:
     """None where one-sided ops reach every peer of `group`; else a pattern of the
     NotImplementedError they raise before anything is enqueued: peers that are not load/store
@@ -345,11 +354,19 @@ def _child_world_env(rank: int, world: int, port: int) -> dict[str, str]:
 
 
 def run_child_world(
-    rank: int, script: os.PathLike, args: Sequence[str], timeout_s: float, world: int = WORLD_SIZE
+    rank: int,
+    script: os.PathLike,
+    args: Sequence[str],
+    timeout_s: float,
+    world: int = WORLD_SIZE,
+    replace_killed: Sequence[str] = (),
 ) -> subprocess.CompletedProcess | None:
     """Runs `script` as this rank of a world of its own, of the suite's first `world` ranks
     (one child each, joined over loopback); a child still running after `timeout_s` is killed
-    and reported as rc -9. None on the ranks outside that world.
+    and reported as rc -9. None on the ranks outside that world. A child that SIGKILLed itself
+    is followed, where `replace_killed` gives arguments, by a new one run with them in its
+    place (as an elastic agent restarts a lost process): its result is the first child's
+    `replacement`.
 
     Collective over the default group: every rank calls it with the same script, and returns
     once every child has ended (so no rank runs ahead into the next test's collectives)."""
@@ -363,6 +380,10 @@ def run_child_world(
     if rank < world:
         env = _child_world_env(rank, world, int(port.item()))
         child = _run_with_stacks_on_timeout([str(script), *args], env, timeout_s)
+        if replace_killed and child.returncode == -signal.SIGKILL:
+            child.replacement = _run_with_stacks_on_timeout(
+                [str(script), *replace_killed], env, timeout_s
+            )
     dist.barrier()
     return child
 

@@ -92,8 +92,10 @@ def wait_never_signalled(job_store) -> dict:
     """Rank 0 waits for a signal rank 1 never sends: the group's watchdog fails the group at its
     timeout, naming wait_signal, the peer and the group; the waiting stream is released."""
     group = init(job_store, TIMEOUT_S)
-    window = torch_nccl_core.empty(NUMEL, window=True, group=group)
     comm = torch_nccl_core.communicator(group)
+    if not comm.supports_windows:
+        return {"unavailable": comm._no_window_reason()}
+    window = torch_nccl_core.empty(NUMEL, window=True, group=group)
     win = comm.find_window(window)  # found now: the abort closes it
     src = torch.ones(16, device=DEVICE)
     KEEP.extend([window, comm, win, src])
@@ -148,9 +150,11 @@ def asymmetric_windows(job_store) -> dict:
     rank 0's own window but not rank 1's is refused before NCCL is called; a put that does not
     fit rank 1's own window but fits rank 0's is carried out."""
     group = init(job_store, 30.0)
+    comm = torch_nccl_core.communicator(group)
+    if not comm.supports_windows:
+        return {"unavailable": comm._no_window_reason()}
     window = torch_nccl_core.empty((4 if RANK == 0 else 2) * NUMEL, window=True, group=group)
     window.zero_()
-    comm = torch_nccl_core.communicator(group)
     win = comm.find_window(window)
     src = torch.full((NUMEL,), float(RANK + 1), device=DEVICE)
     KEEP.extend([window, comm, win, src])

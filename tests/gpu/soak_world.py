@@ -59,6 +59,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -290,6 +291,19 @@ def op_coalescing_manager(ctx: Cycle, i: int, spec: OpSpec) -> list[Check]:
     ]
 
 
+def refuse(ctx: Cycle, spec: OpSpec, call: Callable[[], object], says: str) -> None:
+    """The cross-node contract: `call` raises a NotImplementedError that says `says` before
+    anything is enqueued, and the group goes on (the soak's later checks show it still right)."""
+    try:
+        call()
+    except NotImplementedError as refused:
+        if says not in str(refused):
+            raise
+        ctx.result["refused"].append(spec.label)
+        return
+    raise AssertionError(f"{spec.label} ran where it must be refused ({says})")
+
+
 def op_one_sided(ctx: Cycle, i: int, spec: OpSpec) -> list[Check]:
     """put_signal into the next rank's window, wait_signal for the previous rank's put into ours.
 
@@ -303,23 +317,22 @@ def op_one_sided(ctx: Cycle, i: int, spec: OpSpec) -> list[Check]:
     from torch_nccl_core import ops as one_sided
 
     numel = max(spec.numel, 1024)
+    comm = torch_nccl_core.communicator()
+    if not comm.supports_windows:
+        # NCCL >= 2.29 without GIN between ranks that are not load/store reachable.
+        refuse(ctx, spec, lambda: torch_nccl_core.empty(numel, window=True), "no symmetric memory")
+        return []
     window = torch_nccl_core.empty(numel, window=True)
     window.fill_(-1.0)
     torch.cuda.synchronize(ctx.device)
     dist.barrier()
-    comm = torch_nccl_core.communicator()
     if comm.lsa_size != comm.size and torch_nccl_core.one_sided_engine() != "nccl":
         # Peers on other nodes (ranks sharing a GPU are nodes of their own) and no NCCL one-sided
-        # API (NCCL < 2.29): the cross-node contract is a clear refusal before anything is
-        # enqueued, and the group goes on; the soak's checks then show the group still right.
-        try:
-            one_sided.put_signal(data(ctx, ctx.rank, i, numel), window, ctx.next_rank)
-        except NotImplementedError as refused:
-            if "NCCL >= 2.29" not in str(refused):
-                raise
-            ctx.result["refused"].append(spec.label)
-            return []
-        raise AssertionError("put_signal to a peer that is not load/store reachable ran")
+        # API (NCCL < 2.29).
+        source = data(ctx, ctx.rank, i, numel)
+        put = lambda: one_sided.put_signal(source, window, ctx.next_rank)  # noqa: E731
+        refuse(ctx, spec, put, "NCCL >= 2.29")
+        return []
     one_sided.put_signal(data(ctx, ctx.rank, i, numel), window, ctx.next_rank)
     one_sided.wait_signal(window, ctx.prev_rank)
     received = window.clone()

@@ -30,6 +30,7 @@ from .helpers import (
     register_close_cycles,
     run_child_world,
     window_free_twin,
+    window_refusal,
 )
 
 CLOSED = "was closed"
@@ -96,7 +97,7 @@ def test_register_buffer_refuses_bad_tensors():
         comm.register_buffer(torch.ones(0, device="cuda"))
 
 
-def test_window_pointers_reach_every_peer(rank, world_size):
+def test_window_pointers_reach_every_peer(rank, world_size, windows):
     comm = torch_nccl_core.communicator()
     t = torch_nccl_core.empty(SWEEP_NUMEL, dtype=torch.int32)
     t.copy_(rank_tensor(SWEEP_NUMEL, torch.int32, rank))
@@ -130,7 +131,7 @@ def test_window_pointers_reach_every_peer(rank, world_size):
     assert_raised(after_close, RuntimeError, CLOSED)
 
 
-def test_window_properties(rank):
+def test_window_properties(rank, windows):
     comm = torch_nccl_core.communicator()
     t = torch_nccl_core.empty(4096, dtype=torch.float32)
     window = comm.register_window(t, WindowFlag.COLL_SYMMETRIC)
@@ -158,9 +159,29 @@ def test_register_window_refuses_bad_input():
             comm.register_window(nccl_memory, WindowFlag.STRICT_ORDERING)
 
 
+def test_without_symmetric_memory_windows_are_refused_and_the_group_stays_usable(rank):
+    """Where NCCL gives a communicator no symmetric memory (NCCL >= 2.29, ranks that are not
+    load/store reachable, no GIN), no window is handed out as if it were one: register_window
+    gives None (nccl4py's contract), a window tensor raises naming NCCL's reason, and the group
+    computes on."""
+    reason = window_refusal()
+    if reason is None:
+        pytest.skip("NCCL gives this communicator windows: nothing refused to test")
+    comm = torch_nccl_core.communicator()
+    nccl_memory = torch_nccl_core.empty(4096)
+    window = comm.register_window(nccl_memory)
+    found = comm.find_window(nccl_memory)
+    error = raised_by(lambda: torch_nccl_core.empty(4096, window=True))
+    probe = probe_group()
+    assert (window, found) == (None, None)
+    assert_raised(error, NotImplementedError, r"no symmetric memory.*deviceApiSupport 0.*GIN")
+    assert str(error) == reason
+    assert_equal(*probe)
+
+
 @pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "broadcast"])
 @pytest.mark.parametrize("numel", [1 << 18, 1 << 21], ids=["1MiB", "8MiB"])
-def test_collectives_on_window_memory(rank, world_size, op, numel):
+def test_collectives_on_window_memory(rank, world_size, op, numel, windows):
     expected_all = all_ranks(numel, torch.float32)
     source = torch_nccl_core.empty(numel, window=True)
     source.copy_(rank_tensor(numel, torch.float32, rank))
@@ -187,7 +208,7 @@ def test_collectives_on_window_memory(rank, world_size, op, numel):
     assert_equal(result, expected)
 
 
-def test_window_tensor_frees_its_window(rank):
+def test_window_tensor_frees_its_window(rank, windows):
     comm = torch_nccl_core.communicator()
     gc.collect()  # tensors of earlier tests that only a collection frees
     before = comm._resource_count()
@@ -251,7 +272,7 @@ def test_buffer_register_close_cycles_leak_nothing(rank):
 
 
 @pytest.mark.timeout(240, method="thread")
-def test_window_register_close_cycles_leak_nothing(rank, world_size):
+def test_window_register_close_cycles_leak_nothing(rank, world_size, windows):
     """10,000 window register/close cycles (fewer across nodes) in a world of its own: no device
     memory, file descriptor (windows share memory with peers through them) or resource is left
     behind."""
@@ -276,7 +297,7 @@ def test_window_register_close_cycles_leak_nothing(rank, world_size):
 
 
 @pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter"])
-def test_ops_on_windows_avoid_slow_symmetric_kernels(rank, world_size, op):
+def test_ops_on_windows_avoid_slow_symmetric_kernels(rank, world_size, op, windows):
     """Sizes where the ring beats NCCL's symmetric kernels run on the window-free twin. (The
     group's copy engine is off: it would take the large reduce-scatter from both.)"""
     options = torch_nccl_core.Options(copy_engine_reduce_scatter=False)
@@ -321,7 +342,7 @@ def test_ops_on_windows_avoid_slow_symmetric_kernels(rank, world_size, op):
     assert counts[3] > counts[2]  # the large one registered its buffers there
 
 
-def test_window_over_registered_memory_still_routes(rank, world_size):
+def test_window_over_registered_memory_still_routes(rank, world_size, windows):
     """A window registered over memory that ops had already registered is seen by routing."""
     comm = torch_nccl_core.communicator()
     numel = 64 << 18  # 64 MiB of float32: all-reduce runs on the twin when in a window

@@ -142,7 +142,7 @@ def test_between_other_collectives_on_a_side_stream(rank, always):
 
 
 @needs_ranks(2)  # the copy engine runs only between peers
-def test_user_signals_are_not_taken_by_it(rank, world_size, always):
+def test_user_signals_are_not_taken_by_it(rank, world_size, always, windows):
     """One-sided signals and the reduce-scatter's signals count apart."""
     comm = torch_nccl_core.communicator(always)
     window_memory = torch_nccl_core.empty(SWEEP_NUMEL, group=always, window=True)

@@ -17,7 +17,7 @@ import pytest
 
 import torch_nccl_core
 
-from .helpers import needs_ranks, run_child_world
+from .helpers import needs_ranks, run_child_world, window_refusal
 
 # Each scenario scripts the parts of two ranks (which one dies, which one goes quiet): it runs
 # in a world of the suite's first two ranks; the others wait for it.
@@ -309,6 +309,43 @@ def test_survivors_of_a_killed_rank_shrink_and_train_on(rank):
 
 
 @needs_ranks(4)
+@pytest.mark.timeout(200, method="thread")
+def test_a_replacement_of_a_killed_rank_joins_and_the_world_grows_back(rank):
+    """One rank of 4 is SIGKILLed mid all_reduce, the others shrink the world to 3; a new
+    process joins in its place (torch_nccl_core.join_group) as the 3 grow the world back
+    (grow_group, NCCL's ncclCommGrow): every rank of the 4 trains a DDP model that matches a
+    reference of the 4 ranks' batches. Where NCCL cannot grow, grow_group refuses naming it."""
+    child = run_child_world(
+        rank,
+        SCRIPT,
+        ["killed_rank_then_shrink_grow_and_train"],
+        150.0,
+        world=4,
+        replace_killed=["replacement_joins_the_grown_world"]
+        if torch_nccl_core.features()["comm_grow"]
+        else (),
+    )
+    if rank == 3:  # the victim, then its replacement
+        assert child.returncode == -9, (child.returncode, child.stderr[-3000:])
+        if not torch_nccl_core.features()["comm_grow"]:
+            return
+        child = child.replacement
+    assert child.returncode == 0, (child.returncode, child.stdout[-2000:], child.stderr[-12000:])
+    report = json.loads(child.stdout.strip().splitlines()[-1])
+    if not torch_nccl_core.features()["comm_grow"]:
+        assert report["shrunk_world"] == 3 and report["probe"], report
+        assert re.search(r"needs NCCL >= 2\.29 \(ncclCommGrow", report["refusal"] or ""), report
+        return
+    if rank != 3:
+        assert report["shrunk_world"] == 3, report
+        assert report["grow_s"] < 10.0, report
+    assert (report["default"], report["world"], report["rank"]) == (True, 4, rank), report
+    assert report["backend"] == "nccl_core", report
+    assert report["probe"], report
+    assert report["ddp_difference"] < 1e-5, report
+
+
+@needs_ranks(4)
 @pytest.mark.timeout(150, method="thread")
 def test_rank_0_late_at_init_by_5_s(rank):
     report = scenario(rank, "rank0_late_at_init", world=4)
@@ -335,6 +372,8 @@ def test_a_timeout_after_a_window_or_graph_leaves_cuda_healthy(rank, first):
     """What the soak's first cycle did at 2 ranks under MPS, where an illegal memory access then
     took down every rank (2026-11-25): a window made and freed, or a graph captured and
     destroyed, then an op that times out and aborts the communicator with its kernel in flight."""
+    if first == "window" and (refusal := window_refusal()) is not None:
+        pytest.skip(refusal)
     report = scenario(rank, f"timeout_after_a_{first}")
     if rank == 0:
         assert re.search(r"allreduce \(seq \d+\)", report["error"] or ""), report

@@ -19,6 +19,7 @@ from .helpers import (
     raised_by,
     rank_tensor,
     ring_peers,
+    window_refusal,
 )
 
 NUMEL = 4096
@@ -34,7 +35,7 @@ def _window(numel: int = 4 * NUMEL, flags: WindowFlag = WindowFlag.DEFAULT):
 
 @needs_ranks(2)  # one-sided ops go to another rank
 @pytest.mark.parametrize("stream_kind", ["current", "torch", "int", "protocol"])
-def test_put_signal_ring(rank, world_size, stream_kind):
+def test_put_signal_ring(rank, world_size, stream_kind, windows):
     comm = torch_nccl_core.communicator()
     buf, window = _window()
     peer, source = ring_peers(rank)
@@ -64,7 +65,7 @@ def test_put_signal_ring(rank, world_size, stream_kind):
 
 @needs_ranks(2)  # one-sided ops go to another rank
 @pytest.mark.parametrize("flags", [WindowFlag.DEFAULT, WindowFlag.COLL_SYMMETRIC])
-def test_put_signal_from_window_memory(rank, world_size, flags):
+def test_put_signal_from_window_memory(rank, world_size, flags, windows):
     """A source inside a window lands too (NCCL >= 2.29 reads symmetric ones in place)."""
     comm = torch_nccl_core.communicator()
     buf, window = _window(flags=flags)
@@ -81,7 +82,7 @@ def test_put_signal_from_window_memory(rank, world_size, flags):
 
 
 @needs_ranks(2)  # one-sided ops go to another rank
-def test_signals_count(rank, world_size):
+def test_signals_count(rank, world_size, windows):
     """Several puts, one wait of op_count=n; then waits in a loop."""
     comm = torch_nccl_core.communicator()
     buf, window = _window()
@@ -106,7 +107,7 @@ def test_signals_count(rank, world_size):
 
 
 @needs_ranks(2)  # one-sided ops go to another rank
-def test_one_sided_refuses_bad_input(rank, world_size):
+def test_one_sided_refuses_bad_input(rank, world_size, windows):
     comm = torch_nccl_core.communicator()
     _buf, window = _window(NUMEL)  # _buf keeps the window's memory alive
     peer = (rank + 1) % world_size
@@ -147,7 +148,7 @@ def test_one_sided_refuses_bad_input(rank, world_size):
 
 
 @needs_ranks(2)  # one-sided ops go to another rank
-def test_window_of_another_group_is_refused(rank, world_size):
+def test_window_of_another_group_is_refused(rank, world_size, windows):
     group = dist.new_group(backend="nccl_core")
     memory = torch_nccl_core.empty(NUMEL, group=group, window=True)
     other = torch_nccl_core.communicator(group).find_window(memory)
@@ -171,13 +172,15 @@ def _gin_reaches_peers(comm) -> bool:
 def _dev_comm_refused(comm) -> bool:
     """Across nodes without GIN a device communicator is refused, naming why, before NCCL is
     asked (NCCL's own refusal left the communicator unfit for window registrations): True then,
-    after checking that the group still registers windows and computes."""
+    after checking that the group still registers windows (where NCCL gives it any) and
+    computes."""
     if load_store_reachable() or _gin_reaches_peers(comm):
         return False
     error = raised_by(
         lambda: comm.create_dev_comm(torch_nccl_core.DevCommRequirements(lsa_barrier_count=1))
     )
-    window_memory = torch_nccl_core.empty(NUMEL, window=True)
+    windows = window_refusal() is None
+    window_memory = torch_nccl_core.empty(NUMEL, window=windows)
     window_memory.fill_(1.0)
     dist.all_reduce(window_memory)
     probe = probe_group()

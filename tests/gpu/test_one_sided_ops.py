@@ -22,7 +22,7 @@ def _window() -> torch.Tensor:
 
 
 @needs_ranks(2)  # one-sided ops go to another rank
-def test_ops_eager_exchange(rank, world_size):
+def test_ops_eager_exchange(rank, world_size, windows):
     window = _window()
     after, before = ring_peers(rank)
     src = rank_tensor(NUMEL, torch.float32, rank)
@@ -37,7 +37,7 @@ def test_ops_eager_exchange(rank, world_size):
 
 
 @needs_ranks(2)  # one-sided ops go to another rank
-def test_ring_exchange_replays_in_a_cuda_graph(rank):
+def test_ring_exchange_replays_in_a_cuda_graph(rank, windows):
     """Capture put / wait / ack once, replay 100 times with new data, check every result."""
     window = _window()
     after, before = ring_peers(rank)
@@ -66,7 +66,7 @@ def test_ring_exchange_replays_in_a_cuda_graph(rank):
 
 
 @needs_ranks(2)  # one-sided ops go to another rank
-def test_ops_compile_fullgraph_keeps_order(rank):
+def test_ops_compile_fullgraph_keeps_order(rank, windows):
     window = _window()
     after, before = ring_peers(rank)
     name = dist.group.WORLD.group_name

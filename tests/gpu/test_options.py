@@ -20,6 +20,7 @@ from .helpers import (
     rank_tensor,
     reference_reduce,
     ring_peers,
+    window_refusal,
 )
 
 OPTION_SETS = {
@@ -92,7 +93,8 @@ def test_features_are_named_booleans():
 
 
 def test_nonblocking_group_runs_every_kind_of_call(rank, world_size):
-    """A nonblocking communicator: collectives, p2p, coalescing, a split and a window."""
+    """A nonblocking communicator: collectives, p2p, coalescing, a split and a window (or,
+    where NCCL gives it none, the refusal)."""
     options = torch_nccl_core.Options(blocking=False)
     group = dist.new_group(backend="nccl_core", pg_options=options)
     after, before = ring_peers(rank)
@@ -105,7 +107,13 @@ def test_nonblocking_group_runs_every_kind_of_call(rank, world_size):
         work.wait()
     child = dist.split_group(group, split_ranks=[list(range(world_size))])
     child_probe = probe_group(child)
-    window_tensor = torch_nccl_core.empty(SWEEP_NUMEL, group=group, window=True)
+    refusal = window_refusal(group)
+    if refusal is None:
+        window_tensor = torch_nccl_core.empty(SWEEP_NUMEL, group=group, window=True)
+    else:  # NCCL gives the communicator no windows (its query runs on it as well)
+        with pytest.raises(NotImplementedError, match="no symmetric memory"):
+            torch_nccl_core.empty(SWEEP_NUMEL, group=group, window=True)
+        window_tensor = torch.empty(SWEEP_NUMEL, device="cuda")
     window_tensor.copy_(rank_tensor(SWEEP_NUMEL, torch.float32, rank))
     dist.all_reduce(window_tensor, group=group)
     probe = probe_group(group)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import time
 
 import pytest
 import torch
@@ -159,6 +160,20 @@ def test_broadcast_leaves_memory_unregistered(rank, fresh_group):
 BIG = 1 << 24  # float32: 64 MiB, a caching-allocator segment of its own after empty_cache
 
 
+def _registrations_back_to(count: int, group, within_s: float = 10.0) -> dict:
+    """The group's registration stats once `count` registrations remain, or at the deadline. An
+    op's Work holds its tensors until the watchdog retires it (after the op finished), so the
+    last op's segment is freed, and its registration dropped, a little after the op returns."""
+    deadline = time.monotonic() + within_s
+    while True:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        stats = torch_nccl_core.registration_stats(group)
+        if stats["registrations"] == count or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.05)
+
+
 def test_ordinary_memory_registers_on_first_use_and_torchs_frees_drop_it(rank, world_size):
     """Across nodes (ranks sharing a GPU) registration changes nothing NCCL does: what is
     checked is what is registered and released, and that results stay right while freed
@@ -184,7 +199,7 @@ def test_ordinary_memory_registers_on_first_use_and_torchs_frees_drop_it(rank, w
         if round_ % 3 == 2:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
-    end = torch_nccl_core.registration_stats(group)
+    end = _registrations_back_to(start["registrations"], group)
     dist.destroy_process_group(group)
     assert wrong == []
     assert end["first_uses"] - start["first_uses"] >= 3, (start, end)

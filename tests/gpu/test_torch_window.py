@@ -42,7 +42,7 @@ def _window(group=None, numel: int = 2 * NUMEL, owning: bool = True):
 
 
 @pytest.mark.parametrize("async_op", ASYNC_MODES)
-def test_put_then_wait_signal_delivers_the_peers_data(rank, world_size, async_op):
+def test_put_then_wait_signal_delivers_the_peers_data(rank, world_size, async_op, windows):
     buf, window = _window()
     peer, source = ring_peers(rank)
     src = rank_tensor(NUMEL, torch.float32, rank)  # ordinary CUDA memory
@@ -66,7 +66,7 @@ def test_put_then_wait_signal_delivers_the_peers_data(rank, world_size, async_op
     assert local.data_ptr() == buf.data_ptr()
 
 
-def test_signals_count_and_order_puts(rank, world_size):
+def test_signals_count_and_order_puts(rank, world_size, windows):
     """Three puts, then three waits: each wait consumes one signal, all data is visible."""
     buf, window = _window(numel=4 * NUMEL)
     peer, source = ring_peers(rank)
@@ -92,7 +92,7 @@ def _signal_inside_a_coalescing_block(window, peer, device):
         window.signal(peer, False)
 
 
-def test_window_refuses_bad_input_and_stays_usable(rank, world_size, device):
+def test_window_refuses_bad_input_and_stays_usable(rank, world_size, device, windows):
     buf, window = _window()
     peer, source = ring_peers(rank)
     src = rank_tensor(NUMEL, torch.float32, rank)
@@ -131,7 +131,7 @@ def test_window_refuses_bad_input_and_stays_usable(rank, world_size, device):
 
 
 @pytest.mark.timeout(90, method="thread")
-def test_a_wait_no_signal_meets_fails_at_the_timeout_naming_it(rank, world_size):
+def test_a_wait_no_signal_meets_fails_at_the_timeout_naming_it(rank, world_size, windows):
     group = dist.new_group(backend="nccl_core", timeout=timedelta(seconds=3))
     _, window = _window(group)
     start = time.monotonic()
@@ -152,7 +152,7 @@ def test_a_wait_no_signal_meets_fails_at_the_timeout_naming_it(rank, world_size)
 
 
 @pytest.mark.timeout(90, method="thread")
-def test_destroy_ends_an_async_wait_rather_than_waiting_out_the_timeout(rank, world_size):
+def test_destroy_ends_an_async_wait_rather_than_waiting_out_the_timeout(rank, world_size, windows):
     """Like a synchronous one, an async wait for a signal that may never come does not hold
     destroy for the group's timeout (60 s here)."""
     group = dist.new_group(backend="nccl_core", timeout=timedelta(seconds=60))

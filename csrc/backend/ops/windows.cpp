@@ -9,6 +9,7 @@
 #include "backend/ops/arguments.h"
 #include "backend/routing/tensor_registration.h"
 #include "nccl/blocking_wait.h"
+#include "nccl/capabilities.h"
 #include "nccl/errors.h"
 #include "nccl/one_sided.h"
 #include "nccl/window_pointers.h"
@@ -89,10 +90,7 @@ void TorchWindow::tensor_register(const at::Tensor& tensor, bool owning) {
       backend_->sharedCommunicator(at::Device(at::kCUDA, device));
   std::shared_ptr<nccl_core::Window> window =
       registerTensorWindow(*comm, tensor, NCCL_WIN_DEFAULT);
-  NCCL_CORE_CHECK_SUPPORTED(
-      window != nullptr,
-      kOp,
-      "NCCL returned no window; windows are unsupported here");
+  NCCL_CORE_CHECK_SUPPORTED(window != nullptr, kOp, noWindowReason(*comm));
   // torch's window API counts offsets in elements of the window's dtype: a
   // put must match its target's, as torch's own NCCL window requires.
   peerDtypes_ = allGatherDtypes(*backend_, tensor.scalar_type(), device);

@@ -129,14 +129,19 @@ ncclUniqueId rendezvous(
     int size,
     std::chrono::milliseconds timeout,
     const std::string& label,
-    const std::function<bool()>& abandon) {
+    const std::function<bool()>& abandon,
+    const std::function<ncclUniqueId()>& makeId) {
   std::vector<int> ranks(size);
   std::iota(ranks.begin(), ranks.end(), 0);
   meet(store, prefix, rank, ranks, 0, timeout, label, abandon);
   ncclUniqueId id;
   if (rank == 0) { // only now: an id made for a meeting given up would leave
                    // NCCL's bootstrap root waiting on rank 0
-    NCCL_CORE_CHECK(nccl().getUniqueId(&id));
+    if (makeId) {
+      id = makeId();
+    } else {
+      NCCL_CORE_CHECK(nccl().getUniqueId(&id));
+    }
     const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
     store.set(idKey(prefix), std::vector<uint8_t>(bytes, bytes + sizeof(id)));
   } else {

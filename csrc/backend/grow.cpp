@@ -1,0 +1,188 @@
+// Elastic grow: a group and processes that join it make a larger group
+// through NCCL's ncclCommGrow (NCCL >= 2.29), the group's ranks keeping
+// their numbers. NCCL leaves it to the caller to hand the new processes the
+// id that rank 0 takes (ncclCommGetUniqueId): they find it in the new group's
+// store, after a meeting of every rank of it that the group's timeout bounds,
+// since NCCL's bootstrap would wait for a missing process for ever.
+#include <sstream>
+#include <thread>
+
+#include "backend/backend.h"
+#include "backend/runtime/rendezvous.h"
+#include "nccl/errors.h"
+
+namespace nccl_core {
+
+namespace {
+
+constexpr const char* kPlanKey = "nccl_core/grow/plan";
+constexpr const char* kMeeting = "nccl_core/grow/meeting";
+
+std::vector<uint8_t> bytesOf(const std::string& text) {
+  return {text.begin(), text.end()};
+}
+
+// Whether this is the first time `rank` takes part in a grow under `store`:
+// a second grow under one store would meet the first one's keys.
+bool firstTime(c10d::Store& store, const char* as, int rank) {
+  return store.add(c10::str("nccl_core/grow/", as, "/", rank), 1) == 1;
+}
+
+// The growing group's size, published by its rank 0 (kPlanKey), or
+// DistBackendError once `timeout` passed without it.
+int growingGroupSize(
+    c10d::Store& store,
+    int newSize,
+    std::chrono::milliseconds timeout,
+    const std::string& label) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  // Polled, as the rendezvous does: a waiting client holds its lock.
+  while (!store.check({kPlanKey})) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      C10_THROW_ERROR(
+          DistBackendError,
+          c10::str(
+              "nccl_core: join: no group grew into ",
+              label,
+              " within the timeout (",
+              timeout.count(),
+              " ms): its ranks call torch_nccl_core.grow_group with the same "
+              "key"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const std::vector<uint8_t> plan = store.get(kPlanKey);
+  std::istringstream fields(std::string(plan.begin(), plan.end()));
+  int oldSize = 0;
+  int plannedSize = 0;
+  fields >> oldSize >> plannedSize;
+  NCCL_CORE_CHECK_ARG(
+      plannedSize == newSize,
+      "join",
+      "size ",
+      newSize,
+      " differs from the ",
+      plannedSize,
+      " ranks the group grows to as ",
+      label);
+  return oldSize;
+}
+
+} // namespace
+
+c10::intrusive_ptr<NcclCoreBackend> NcclCoreBackend::grow(
+    const c10::intrusive_ptr<c10d::Store>& store,
+    int newSize,
+    std::string name) {
+  constexpr const char* kOp = "grow";
+  Communicator::requireGrowSupport(kOp);
+  NCCL_CORE_CHECK_ARG(
+      newSize > getSize(),
+      kOp,
+      "size must exceed group '",
+      *groupName_,
+      "''s ",
+      getSize(),
+      " ranks, got ",
+      newSize);
+  refuseInsideCoalescing(kOp);
+  NCCL_CORE_CHECK_ARG(
+      firstTime(*store, "members", getRank()),
+      kOp,
+      "a grow into '",
+      name,
+      "' ran before: each grow needs a key of its own");
+  Communicator& parent = communicator(deviceForOpWithoutTensors({}));
+  const std::string label = c10::str("group '", name, "'");
+  if (getRank() == 0) {
+    store->set(kPlanKey, bytesOf(c10::str(getSize(), " ", newSize)));
+  }
+  const ncclUniqueId id = rendezvous(
+      *store,
+      kMeeting,
+      getRank(),
+      newSize,
+      timeout_.load(),
+      label,
+      [this] { return failure_->failed(); },
+      [&parent] { return parent.growId(); });
+  auto comm = parent.grow(
+      newSize,
+      getRank() == 0 ? &id : nullptr, // NCCL hands it to the others
+      options_->toNcclConfig(),
+      label);
+  if (getRank() == 0) {
+    // Every rank is in the new communicator: past the meeting.
+    leaveRendezvous(*store, kMeeting, newSize);
+  }
+  return c10::make_intrusive<NcclCoreBackend>(
+      store,
+      getRank(),
+      newSize,
+      std::move(name),
+      std::make_shared<NcclCoreOptions>(*options_),
+      timeout_.load(),
+      std::move(comm));
+}
+
+c10::intrusive_ptr<NcclCoreBackend> NcclCoreBackend::join(
+    const c10::intrusive_ptr<c10d::Store>& store,
+    int rank,
+    int size,
+    std::string name,
+    std::shared_ptr<const NcclCoreOptions> options,
+    std::chrono::milliseconds timeout,
+    int device) {
+  constexpr const char* kOp = "join";
+  Communicator::requireGrowSupport(kOp);
+  NCCL_CORE_CHECK_ARG(
+      rank >= 0 && rank < size,
+      kOp,
+      "rank must lie in [0, ",
+      size,
+      "), got ",
+      rank);
+  const std::string label = c10::str("group '", name, "'");
+  const int oldSize = growingGroupSize(*store, size, timeout, label);
+  NCCL_CORE_CHECK_ARG(
+      rank >= oldSize,
+      kOp,
+      "rank ",
+      rank,
+      " is a rank of the growing group already (ranks 0 to ",
+      oldSize - 1,
+      "); a joining process takes one of ranks ",
+      oldSize,
+      " to ",
+      size - 1);
+  NCCL_CORE_CHECK_ARG(
+      firstTime(*store, "joined", rank),
+      kOp,
+      "rank ",
+      rank,
+      " of ",
+      label,
+      " was taken by another joining process");
+  const ncclUniqueId id =
+      rendezvous(*store, kMeeting, rank, size, timeout, label);
+  auto comm = Communicator::create(
+      size,
+      rank,
+      id,
+      device,
+      options->toNcclConfig(),
+      timeout,
+      label,
+      nullptr,
+      Communicator::Joining::Grow);
+  return c10::make_intrusive<NcclCoreBackend>(
+      store,
+      rank,
+      size,
+      std::move(name),
+      std::move(options),
+      timeout,
+      std::move(comm));
+}
+
+} // namespace nccl_core
