@@ -8,14 +8,19 @@ replacement process joins it, and the world grows back::
 
 Ranks of the world keep their numbers; joining processes take the others. Both calls return the
 grown world, which becomes the process's default group, as ``shrink_group`` makes the shrunk world
-the default: every other group of a rank of the old world is destroyed with it. The processes meet
-in the job's store (the one under the old world, the one at ``MASTER_ADDR:MASTER_PORT`` for a
-joining process), bounded by the old world's timeout on its ranks and by ``timeout`` on a joining
-one; a process that never came is named in the ``DistBackendError`` of those that did.
+the default: every other group of a rank of the old world is destroyed with it. The grown world
+keeps the old one's options and timeout; a joining process passes the same ``pg_options`` as the
+world's ranks did. The processes first meet in the job's store (the one under the old world, the
+one at ``MASTER_ADDR:MASTER_PORT`` for a joining process), bounded by the world's timeout; a
+process that never came is named in the ``DistBackendError`` of those that did. NCCL's grow
+itself is bounded by that timeout on a nonblocking group (``Options(blocking=False)``); on a
+blocking one (the default) a process that dies after the meeting leaves the others waiting in
+NCCL, as its initialization does (docs/design.md, Known limits).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from datetime import timedelta
 
@@ -28,6 +33,8 @@ from ._registration import BACKEND_NAME
 from .communicator import backend
 
 __all__ = ["grow_group", "join_group"]
+
+_logger = logging.getLogger(__name__)
 
 
 def grow_group(size: int, key: str) -> dist.ProcessGroup:
@@ -51,11 +58,13 @@ def grow_group(size: int, key: str) -> dist.ProcessGroup:
     name = _group_name(key)
     store = dist.PrefixStore(f"{name}/", root)
     grown = impl._grow(store, size, name)
-    rank = world.rank()
-    # The old world's communicator went into the grown one: every group of it goes now, as
-    # shrink_group does with the world.
-    dist.destroy_process_group()
-    return _as_world(grown, store, name, rank, size)
+    rank, device = world.rank(), getattr(world, "bound_device_id", None)
+    # The grown world replaces the old one: every group of it goes now, as shrink_group does.
+    try:
+        dist.destroy_process_group()
+    except Exception:  # as shrink_group: the grown world is what counts now
+        _logger.warning("destroying the world that grew into %s failed", name, exc_info=True)
+    return _as_world(grown, store, name, rank, size, device)
 
 
 def join_group(
@@ -72,7 +81,9 @@ def join_group(
     with ``key``; returns the grown group, this process's default group from now on.
 
     ``store``: the job's store (default: a client of the TCPStore at ``MASTER_ADDR`` /
-    ``MASTER_PORT``). ``device_id``: this process's GPU (default: the current one).
+    ``MASTER_PORT``). ``timeout``: how long to wait for the world to start growing; the grown
+    group then takes the world's timeout. ``device_id``: this process's GPU (default: the
+    current one), to which the grown group is bound.
 
     Raises:
         NotImplementedError: the loaded NCCL is older than 2.29.
@@ -107,7 +118,7 @@ def join_group(
         timeout,
         device.index,
     )
-    return _as_world(grown, group_store, name, rank, size)
+    return _as_world(grown, group_store, name, rank, size, device)
 
 
 def _check_key(key: str) -> None:
@@ -137,14 +148,21 @@ def _job_store(timeout: timedelta) -> dist.Store:
 
 
 def _as_world(
-    grown: _C.NcclCoreBackend, store: dist.Store, name: str, rank: int, size: int
+    grown: _C.NcclCoreBackend,
+    store: dist.Store,
+    name: str,
+    rank: int,
+    size: int,
+    device: torch.device | None,
 ) -> dist.ProcessGroup:
-    """``grown`` as a ProcessGroup registered with torch as the default group (as
-    ``shrink_group`` registers the shrunk world)."""
+    """``grown`` as a ProcessGroup registered with torch as the default group, bound to
+    ``device`` where given (as ``shrink_group`` registers the shrunk world)."""
     kind = dist.ProcessGroup.BackendType.CUSTOM
     group = dist.ProcessGroup(store, rank, size)
     group._register_backend(torch.device("cuda"), kind, grown)
     group._set_default_backend(kind)
+    if device is not None:
+        group.bound_device_id = device
     group._set_group_name(name)
     group._set_group_desc("default_pg")
     c10d._update_default_pg(group)

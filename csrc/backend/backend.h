@@ -255,14 +255,18 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   // named `name`, in which this group's ranks keep their numbers and the
   // others take the rest. Collective over this group; `store` is the new
   // group's, the same in every process. The ranks meet in it first, bounded
-  // by the group's timeout; a rank that never came is named.
+  // by the group's timeout (a rank that never came is named); NCCL's grow is
+  // bounded on a nonblocking group only. A failure past the meeting fails
+  // this group.
   c10::intrusive_ptr<NcclCoreBackend> grow(
       const c10::intrusive_ptr<c10d::Store>& store,
       int newSize,
       std::string name);
   // A new process's part in a grow under `store`: rank `rank` of `size`, on
-  // CUDA device `device`. ValueError where the rank is one the growing group
-  // has, or another process took, or `size` is not the group's new size.
+  // CUDA device `device`, waiting up to `timeout` for the group to start;
+  // the grown group takes the group's timeout. ValueError where the rank is
+  // one the growing group has, or another process took, or `size` is not the
+  // group's new size.
   static c10::intrusive_ptr<NcclCoreBackend> join(
       const c10::intrusive_ptr<c10d::Store>& store,
       int rank,

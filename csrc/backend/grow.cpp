@@ -28,11 +28,19 @@ bool firstTime(c10d::Store& store, const char* as, int rank) {
   return store.add(c10::str("nccl_core/grow/", as, "/", rank), 1) == 1;
 }
 
-// The growing group's size, published by its rank 0 (kPlanKey), or
-// DistBackendError once `timeout` passed without it.
-int growingGroupSize(
+// What rank 0 of a growing group publishes (kPlanKey) for the joining
+// processes: the group's size, the size it grows to, and its op timeout,
+// which the grown group keeps on every rank.
+struct Plan {
+  int oldSize = 0;
+  int newSize = 0;
+  int64_t timeoutMs = 0;
+};
+
+// The growing group's plan, or DistBackendError once `timeout` passed
+// without one.
+Plan awaitPlan(
     c10d::Store& store,
-    int newSize,
     std::chrono::milliseconds timeout,
     const std::string& label) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -42,7 +50,7 @@ int growingGroupSize(
       C10_THROW_ERROR(
           DistBackendError,
           c10::str(
-              "nccl_core: join: no group grew into ",
+              "nccl_core join: no group grew into ",
               label,
               " within the timeout (",
               timeout.count(),
@@ -51,21 +59,11 @@ int growingGroupSize(
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  const std::vector<uint8_t> plan = store.get(kPlanKey);
-  std::istringstream fields(std::string(plan.begin(), plan.end()));
-  int oldSize = 0;
-  int plannedSize = 0;
-  fields >> oldSize >> plannedSize;
-  NCCL_CORE_CHECK_ARG(
-      plannedSize == newSize,
-      "join",
-      "size ",
-      newSize,
-      " differs from the ",
-      plannedSize,
-      " ranks the group grows to as ",
-      label);
-  return oldSize;
+  const std::vector<uint8_t> text = store.get(kPlanKey);
+  std::istringstream fields(std::string(text.begin(), text.end()));
+  Plan plan;
+  fields >> plan.oldSize >> plan.newSize >> plan.timeoutMs;
+  return plan;
 }
 
 } // namespace
@@ -79,13 +77,14 @@ c10::intrusive_ptr<NcclCoreBackend> NcclCoreBackend::grow(
   NCCL_CORE_CHECK_ARG(
       newSize > getSize(),
       kOp,
-      "size must exceed group '",
-      *groupName_,
-      "''s ",
+      "size must exceed the ",
       getSize(),
-      " ranks, got ",
+      " ranks of group '",
+      *groupName_,
+      "', got ",
       newSize);
   refuseInsideCoalescing(kOp);
+  failure_->raiseIfFailed(); // before the key is spent
   NCCL_CORE_CHECK_ARG(
       firstTime(*store, "members", getRank()),
       kOp,
@@ -94,23 +93,42 @@ c10::intrusive_ptr<NcclCoreBackend> NcclCoreBackend::grow(
       "' ran before: each grow needs a key of its own");
   Communicator& parent = communicator(deviceForOpWithoutTensors({}));
   const std::string label = c10::str("group '", name, "'");
+  const std::chrono::milliseconds timeout = timeout_.load();
   if (getRank() == 0) {
-    store->set(kPlanKey, bytesOf(c10::str(getSize(), " ", newSize)));
+    store->set(
+        kPlanKey,
+        bytesOf(c10::str(getSize(), " ", newSize, " ", timeout.count())));
   }
   const ncclUniqueId id = rendezvous(
       *store,
       kMeeting,
       getRank(),
       newSize,
-      timeout_.load(),
+      timeout,
       label,
       [this] { return failure_->failed(); },
       [&parent] { return parent.growId(); });
-  auto comm = parent.grow(
-      newSize,
-      getRank() == 0 ? &id : nullptr, // NCCL hands it to the others
-      options_->toNcclConfig(),
-      label);
+  std::shared_ptr<Communicator> comm;
+  try {
+    comm = parent.grow(
+        newSize,
+        getRank() == 0 ? &id : nullptr, // NCCL hands it to the others
+        options_->toNcclConfig(),
+        label);
+  } catch (const std::exception& e) {
+    // Past ncclCommGetUniqueId the ranks' NCCL grow state may differ (its
+    // child counts): this group cannot grow again, and says so.
+    failure_->set(
+        c10::str(
+            "nccl_core group '",
+            *groupName_,
+            "' failed to grow into ",
+            label,
+            ": ",
+            e.what(),
+            "; shrink it or make it anew"));
+    throw;
+  }
   if (getRank() == 0) {
     // Every rank is in the new communicator: past the meeting.
     leaveRendezvous(*store, kMeeting, newSize);
@@ -121,7 +139,7 @@ c10::intrusive_ptr<NcclCoreBackend> NcclCoreBackend::grow(
       newSize,
       std::move(name),
       std::make_shared<NcclCoreOptions>(*options_),
-      timeout_.load(),
+      timeout,
       std::move(comm));
 }
 
@@ -143,7 +161,17 @@ c10::intrusive_ptr<NcclCoreBackend> NcclCoreBackend::join(
       "), got ",
       rank);
   const std::string label = c10::str("group '", name, "'");
-  const int oldSize = growingGroupSize(*store, size, timeout, label);
+  const Plan plan = awaitPlan(*store, timeout, label);
+  NCCL_CORE_CHECK_ARG(
+      plan.newSize == size,
+      kOp,
+      "size ",
+      size,
+      " differs from the ",
+      plan.newSize,
+      " ranks the group grows to as ",
+      label);
+  const int oldSize = plan.oldSize;
   NCCL_CORE_CHECK_ARG(
       rank >= oldSize,
       kOp,
@@ -163,15 +191,17 @@ c10::intrusive_ptr<NcclCoreBackend> NcclCoreBackend::join(
       " of ",
       label,
       " was taken by another joining process");
+  // The group's timeout from here on, as on its other ranks.
+  const std::chrono::milliseconds groupTimeout(plan.timeoutMs);
   const ncclUniqueId id =
-      rendezvous(*store, kMeeting, rank, size, timeout, label);
+      rendezvous(*store, kMeeting, rank, size, groupTimeout, label);
   auto comm = Communicator::create(
       size,
       rank,
       id,
       device,
       options->toNcclConfig(),
-      timeout,
+      groupTimeout,
       label,
       nullptr,
       Communicator::Joining::Grow);
@@ -181,7 +211,7 @@ c10::intrusive_ptr<NcclCoreBackend> NcclCoreBackend::join(
       size,
       std::move(name),
       std::move(options),
-      timeout,
+      groupTimeout,
       std::move(comm));
 }
 

@@ -27,10 +27,12 @@ CommCapabilities queryCapabilities(Communicator& comm, const char* op);
 // against another NCCL release than the one loaded.
 void requireBuildRelease(const char* op);
 
-// Whether NCCL registers windows on `comm`: before 2.29 everywhere; from
-// 2.29 on only where it gave the communicator symmetric memory (its ranks
-// one load/store team, or GIN reaching every rank). True where NCCL cannot
-// be asked (another release than the build's): the registration tells.
+// Whether NCCL gave `comm` symmetric memory (deviceApiSupport), which
+// windows need from 2.29 on: its ranks one load/store team, or GIN reaching
+// every rank. True before 2.29 (windows everywhere) and where NCCL cannot be
+// asked (another release than the build's): the registration tells. Builds
+// against 2.29.0-2.29.2 headers read 0 across teams even with GIN (NCCL's
+// compatibility filter, devcomm_v22902.cc).
 bool supportsWindows(Communicator& comm);
 
 // Why NCCL handed back no window on `comm`: the message of the refusal.

@@ -56,7 +56,11 @@ std::shared_ptr<Communicator> Communicator::create(
   if (started) {
     started(communicator);
   }
-  communicator->check(result, call);
+  if (grows) {
+    communicator->settleGrow(result);
+  } else {
+    communicator->check(result, call);
+  }
   return communicator;
 }
 

@@ -330,6 +330,9 @@ class Communicator final : public AllocationObserver,
       const ncclConfig_t& config,
       std::string label,
       c10::function_ref<ncclResult_t(ncclComm_t, ncclComm_t*)> make);
+  // Waits, on a nonblocking communicator, until the grow that made it
+  // settled (up to the timeout, then aborts it); raises if it failed.
+  void settleGrow(ncclResult_t result);
   [[noreturn]] void raiseAborted() const;
   // This communicator, or RuntimeError while it is suspended.
   Communicator& refuseWhileSuspended();

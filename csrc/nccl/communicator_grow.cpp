@@ -41,13 +41,32 @@ std::shared_ptr<Communicator> Communicator::grow(
     ncclConfig_t config,
     std::string label) {
   requireGrowSupport("grow");
-  return derive(
-      "ncclCommGrow",
-      config,
-      std::move(label),
-      [&](ncclComm_t parent, ncclComm_t* child) {
-        return nccl().commGrow(parent, newSize, id, -1, child, &config);
-      });
+  DeviceGuard guard(device_);
+  ncclComm_t child = nullptr;
+  ncclResult_t result = ncclSuccess;
+  {
+    const HostCall inside(*this);
+    result = nccl().commGrow(inside.handle(), newSize, id, -1, &child, &config);
+  }
+  if (child == nullptr) {
+    if (isAborted()) {
+      raiseAborted(); // the abort ended the call
+    }
+    throwNcclError(result, "ncclCommGrow", __FILE__, __LINE__, comm_);
+  }
+  // Owned before it settles: a failed or late grow aborts it.
+  auto grown = adopt(
+      child, rank_, newSize, device_, config, timeout(), std::move(label));
+  grown->settleGrow(result);
+  return grown;
+}
+
+void Communicator::settleGrow(ncclResult_t result) {
+  // NCCL runs a grow as the new communicator's own job, and may answer
+  // ncclSuccess before that settled (init.cc): a nonblocking one is polled.
+  check(
+      result == ncclSuccess && nonblocking_ ? ncclInProgress : result,
+      "ncclCommGrow");
 }
 
 } // namespace nccl_core

@@ -255,9 +255,9 @@ void bindOneSided(py::module_& m) {
       .def_property_readonly(
           "supports_windows",
           &supportsWindows,
-          "Whether NCCL registers windows on the communicator: from NCCL 2.29 "
-          "on, only where its ranks are load/store reachable or GIN reaches "
-          "them (register_window gives None elsewhere).")
+          "Whether NCCL gave the communicator symmetric memory, which windows "
+          "need from NCCL 2.29 on (ranks load/store reachable, or GIN reaching "
+          "them; register_window gives None elsewhere); True before 2.29.")
       .def("_no_window_reason", &noWindowReason);
   m.def("one_sided_engine", [] {
     return oneSidedEngine() == OneSidedEngine::Host ? "nccl" : "load_store";

@@ -256,8 +256,9 @@ void bindFakeNccl(py::module_& testing) {
       release);
   testing.def(
       "grow",
-      [](Communicator& comm, int newSize, bool root) {
+      [](Communicator& comm, int newSize, bool root, bool blocking) {
         ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        config.blocking = blocking ? 1 : 0;
         const std::optional<ncclUniqueId> id =
             root ? std::optional(comm.growId()) : std::nullopt;
         return comm.grow(newSize, id ? &*id : nullptr, config, "group 'grown'");
@@ -265,6 +266,7 @@ void bindFakeNccl(py::module_& testing) {
       py::arg("comm"),
       py::arg("new_size"),
       py::arg("root"),
+      py::arg("blocking") = true,
       release);
   testing.def(
       "join",

@@ -94,6 +94,8 @@ ncclResult_t shrinkComm(
 }
 
 // The existing ranks keep theirs; a joining process (no parent) takes `rank`.
+// As NCCL, the grow is the new communicator's job: held, a nonblocking one
+// stays in progress while the call answers ncclSuccess (init.cc).
 ncclResult_t growComm(
     ncclComm_t comm,
     int nRanks,
@@ -101,18 +103,15 @@ ncclResult_t growComm(
     int rank,
     ncclComm_t* newcomm,
     ncclConfig_t* config) {
-  if (comm == nullptr) {
-    FakeNccl::Comm* made = FakeNccl::current().make(rank, nRanks, config, true);
-    *newcomm = handleOf(made);
-    return Call("ncclCommGrow", made).result;
-  }
-  FakeNccl::Comm* parent = fakeOf(comm);
-  const Call call("ncclCommGrow", parent);
-  if (call.result != ncclSuccess && call.result != ncclInProgress) {
-    return call.result;
-  }
-  FakeNccl::current().derive(parent, parent->rank, nRanks, newcomm, config);
-  return call.result;
+  FakeNccl::Comm* parent = comm == nullptr ? nullptr : fakeOf(comm);
+  FakeNccl::Comm* made = FakeNccl::current().make(
+      parent != nullptr ? parent->rank : rank,
+      nRanks,
+      config,
+      parent == nullptr || parent->blocking);
+  *newcomm = handleOf(made);
+  const Call call("ncclCommGrow", made);
+  return call.result == ncclInProgress ? ncclSuccess : call.result;
 }
 
 ncclResult_t userRank(ncclComm_t comm, int* rank) {

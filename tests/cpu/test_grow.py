@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import pytest
 import torch.distributed as dist
+from threads import in_thread
 
 import torch_nccl_core
 from torch_nccl_core import _C
@@ -49,7 +50,7 @@ def test_a_grow_keeps_the_ranks_and_a_joining_process_takes_its_own(fake):
     for comm in [*grown, joined, first, second]:
         testing.abort(comm)
     assert shapes == [(0, 4), (1, 4), (3, 4)]
-    assert calls == (1, 3)  # one id, taken by the root only
+    assert calls == (1, 3)  # one id (the root's), three grows
     assert parents_alive  # the parent stays the caller's to end
 
 
@@ -61,6 +62,38 @@ def test_a_failed_grow_names_the_call_and_leaves_the_parent_usable(fake):
     assert not comm.is_aborted
     grown = testing.grow(comm, 3, True)
     testing.abort(grown)
+    testing.abort(comm)
+
+
+def test_a_nonblocking_grow_is_waited_for_on_the_new_communicator(fake):
+    """NCCL runs a grow as the new communicator's job and may answer ncclSuccess while it is in
+    progress: the grow returns once that settled."""
+    comm = testing.create_communicator(2, 0, timedelta(seconds=5), False, "group 'g'")
+    fake.hold("ncclCommGrow")
+    thread, outcome = in_thread(lambda: testing.grow(comm, 3, True, blocking=False))
+    time.sleep(0.3)
+    waited = thread.is_alive()
+    fake.release("ncclCommGrow")
+    thread.join(5.0)
+    grown = outcome.get("result")
+    shape = None if grown is None else (grown.rank, grown.size)
+    for made in (grown, comm):
+        if made is not None:
+            testing.abort(made)
+    assert waited, outcome
+    assert shape == (0, 3), outcome
+
+
+def test_a_nonblocking_grow_that_never_settles_ends_at_the_timeout(fake):
+    comm = testing.create_communicator(2, 0, timedelta(seconds=0.2), False, "group 'g'")
+    fake.hold("ncclCommGrow")
+    start = time.monotonic()
+    with pytest.raises(dist.DistBackendError, match=r"ncclCommGrow .*did not complete within 200"):
+        testing.grow(comm, 3, True, blocking=False)
+    elapsed = time.monotonic() - start
+    fake.release("ncclCommGrow")
+    assert elapsed < 2.0
+    assert not comm.is_aborted  # the new communicator was aborted, the parent goes on
     testing.abort(comm)
 
 
@@ -78,7 +111,7 @@ def test_without_ncclcommgrow_grow_and_join_refuse_naming_the_nccl_needed(fake):
 
 
 def test_grow_refuses_a_size_that_does_not_exceed_the_group(fake, group):
-    with pytest.raises(ValueError, match=r"size must exceed group 'g''s 1 ranks, got 1"):
+    with pytest.raises(ValueError, match=r"size must exceed the 1 ranks of group 'g', got 1"):
         group._grow(dist.HashStore(), 1, NAME)
     assert fake.calls("ncclCommGrow") == 0
 

@@ -137,17 +137,33 @@ ncclUniqueId rendezvous(
   ncclUniqueId id;
   if (rank == 0) { // only now: an id made for a meeting given up would leave
                    // NCCL's bootstrap root waiting on rank 0
-    if (makeId) {
-      id = makeId();
-    } else {
-      NCCL_CORE_CHECK(nccl().getUniqueId(&id));
+    try {
+      if (makeId) {
+        id = makeId();
+      } else {
+        NCCL_CORE_CHECK(nccl().getUniqueId(&id));
+      }
+    } catch (const std::exception& e) {
+      // The others wait for the id: they learn why none comes. Never the
+      // length of an id.
+      std::string why = e.what();
+      why += why.size() == sizeof(id) ? "." : "";
+      store.set(idKey(prefix), std::vector<uint8_t>(why.begin(), why.end()));
+      throw;
     }
     const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
     store.set(idKey(prefix), std::vector<uint8_t>(bytes, bytes + sizeof(id)));
   } else {
     const std::vector<uint8_t> bytes = store.get(idKey(prefix));
-    TORCH_INTERNAL_ASSERT(
-        bytes.size() == sizeof(id), "malformed NCCL unique id in the store");
+    if (bytes.size() != sizeof(id)) {
+      C10_THROW_ERROR(
+          DistBackendError,
+          c10::str(
+              "nccl_core: rank 0 of ",
+              label,
+              " could not make NCCL's id: ",
+              std::string(bytes.begin(), bytes.end())));
+    }
     std::memcpy(&id, bytes.data(), sizeof(id));
   }
   return id;
