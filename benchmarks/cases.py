@@ -229,25 +229,31 @@ class Reduce(InPlaceOp):
 
 
 class SplitOp(Op):
-    """An op whose buffer is cut into world-size chunks (all-gather, reduce-scatter, all-to-all)."""
+    """An op whose buffer is cut into world-size chunks (all-gather, reduce-scatter, all-to-all).
+
+    `name` is the torch.distributed function, called as f(out, inp, group=group).
+    """
 
     split = True
+    one_chunk = ""  # the buffer ("inp" or "out") that holds one chunk, not the whole
+
+    def __init__(self, nbytes, env):
+        super().__init__(nbytes, env)
+        chunk = self.numel // env.world
+        self.inp = self.alloc(chunk if self.one_chunk == "inp" else self.numel)
+        self.out = self.alloc(chunk if self.one_chunk == "out" else self.numel)
 
     @staticmethod
     def bus_factor(n):
         return (n - 1) / n
 
+    def call(self, group):
+        getattr(dist, self.name)(self.out, self.inp, group=group)
+
 
 class AllGather(SplitOp):
     name = "all_gather_into_tensor"
-
-    def __init__(self, nbytes, env):
-        super().__init__(nbytes, env)
-        self.out = self.alloc(self.numel)
-        self.inp = self.alloc(self.numel // env.world)
-
-    def call(self, group):
-        dist.all_gather_into_tensor(self.out, self.inp, group=group)
+    one_chunk = "inp"
 
     def fill(self):
         self.inp.fill_(rank_fill(self.env.rank))
@@ -259,14 +265,7 @@ class AllGather(SplitOp):
 
 class ReduceScatter(SplitOp):
     name = "reduce_scatter_tensor"
-
-    def __init__(self, nbytes, env):
-        super().__init__(nbytes, env)
-        self.inp = self.alloc(self.numel)
-        self.out = self.alloc(self.numel // env.world)
-
-    def call(self, group):
-        dist.reduce_scatter_tensor(self.out, self.inp, group=group)
+    one_chunk = "out"
 
     def fill(self):
         self.inp.copy_(rank_fill(self.chunk_ids()) * rank_fill(self.env.rank))
@@ -279,14 +278,6 @@ class ReduceScatter(SplitOp):
 
 class AllToAll(SplitOp):
     name = "all_to_all_single"
-
-    def __init__(self, nbytes, env):
-        super().__init__(nbytes, env)
-        self.inp = self.alloc(self.numel)
-        self.out = self.alloc(self.numel)
-
-    def call(self, group):
-        dist.all_to_all_single(self.out, self.inp, group=group)
 
     def fill(self):
         # chunk j of rank r's input carries r * world + j

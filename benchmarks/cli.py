@@ -126,10 +126,10 @@ def import_core(backends: list[str]):
     return torch_nccl_core
 
 
-def install_noop_nccl(core):
-    """nccl_core's NCCL calls enqueue nothing from now on (the package's fake NCCL, which must be
-    installed before any nccl_core group exists and kept alive until the last one is destroyed):
-    its host time per call without NCCL's. Returns the fake."""
+def noop_nccl(core):
+    """The package's fake NCCL, whose calls enqueue nothing: nccl_core groups of new_groups(args,
+    noop) call it, which tells their host time per call from NCCL's. Keep it alive until the last
+    of them is destroyed."""
     if core is None:
         raise SystemExit("--noop-nccl needs torch_nccl_core")
     import torch_nccl_core._testing
@@ -152,10 +152,24 @@ def init_distributed(args) -> tuple[torch.device, Callable[[], None]]:
     return device, torch.cuda.synchronize
 
 
-def new_groups(args) -> dict[str, dist.ProcessGroup]:
-    """One group per backend of --backends, by label (args.backend_labels)."""
+def new_groups(args, noop=None) -> dict[str, dist.ProcessGroup]:
+    """One group per backend of --backends, by label (args.backend_labels); nccl_core's on the
+    `noop` fake where one is given."""
+
+    def options(backend: str):
+        if noop is None or backend != "nccl_core":
+            return None
+        import torch_nccl_core
+
+        injected = torch_nccl_core.Options()
+        noop.inject(injected)
+        return injected
+
     pairs = zip(args.backend_labels, args.backends, strict=True)
-    return {label: dist.new_group(backend=backend) for label, backend in pairs}
+    return {
+        label: dist.new_group(backend=backend, pg_options=options(backend))
+        for label, backend in pairs
+    }
 
 
 def finish() -> None:

@@ -258,9 +258,9 @@ def measure_size(
 def main() -> None:
     args = parse_args()
     core = cli.import_core(args.backends)
-    noop = cli.install_noop_nccl(core) if args.noop_nccl else None
+    noop = cli.noop_nccl(core) if args.noop_nccl else None
     device, sync = cli.init_distributed(args)
-    groups = cli.new_groups(args)
+    groups = cli.new_groups(args, noop)
     with variant_envs(args.variants, device, groups) as envs:
         rows = sweep(args, envs, groups, sync)
     if dist.get_rank() == 0:

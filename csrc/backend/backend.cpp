@@ -184,16 +184,21 @@ std::shared_ptr<Communicator> NcclCoreBackend::newCommunicator(
   const std::string label = c10::str("group '", name, "'");
   // Once the meeting went ahead every rank enters NCCL's initialization, an
   // aborted one too: `started` then aborts it, and the others finish theirs.
-  const ncclUniqueId id =
-      rendezvous(*store_, prefix, rank, size, timeout_.load(), label, abandon);
+  const NcclApi& api = *options_->api;
+  const ncclUniqueId id = rendezvous(
+      *store_,
+      prefix,
+      rank,
+      size,
+      timeout_.load(),
+      label,
+      [&api] { return Communicator::uniqueId(api); },
+      abandon);
   auto comm = Communicator::create(
       size,
       rank,
       id,
-      device,
-      options_->toNcclConfig(),
-      timeout_.load(),
-      label,
+      {&api, device, options_->toNcclConfig(), timeout_.load(), label},
       started);
   if (rank == 0) {
     // Every rank read the id: the initialization it joined was collective.
@@ -270,7 +275,7 @@ void NcclCoreBackend::runOneSided(
       OpCall{c10d::OpType::UNKNOWN, name, device, false, c10d::kUnsetTimeout},
       {},
       {},
-      [&](ncclComm_t, cudaStream_t) {
+      [&](const NcclApi&, ncclComm_t, cudaStream_t) {
         enqueue();
         return ncclSuccess;
       },
@@ -413,7 +418,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::endCoalescing() {
           *watchdog_, info.name, seq_, timeout_.load() + ephemeral_->active());
     }
     const Communicator::HostCall call(*comm_);
-    comm_->check(nccl().groupEnd(), "ncclGroupEnd");
+    comm_->check(comm_->api().groupEnd(), "ncclGroupEnd");
   } catch (const c10::DistBackendError& e) {
     raiseOpFailure(
         c10::str(

@@ -48,7 +48,8 @@ struct GroupOptions : c10d::Backend::Options {
 };
 
 // The NCCL calls of one op, given the communicator's handle and the stream.
-using EnqueueFn = c10::function_ref<ncclResult_t(ncclComm_t, cudaStream_t)>;
+using EnqueueFn = c10::function_ref<
+    ncclResult_t(const NcclApi& api, ncclComm_t, cudaStream_t)>;
 
 // What an op is, for launch(): its c10d type and name, the device it runs
 // on, whether the caller gets async Work (else the lean synchronous path) and

@@ -73,7 +73,7 @@ c10::intrusive_ptr<NcclCoreBackend> NcclCoreBackend::grow(
     int newSize,
     std::string name) {
   constexpr const char* kOp = "grow";
-  Communicator::requireGrowSupport(kOp);
+  Communicator::requireGrowSupport(*options_->api, kOp);
   NCCL_CORE_CHECK_ARG(
       newSize > getSize(),
       kOp,
@@ -106,8 +106,8 @@ c10::intrusive_ptr<NcclCoreBackend> NcclCoreBackend::grow(
       newSize,
       timeout,
       label,
-      [this] { return failure_->failed(); },
-      [&parent] { return parent.growId(); });
+      [&parent] { return parent.growId(); },
+      [this] { return failure_->failed(); });
   std::shared_ptr<Communicator> comm;
   try {
     comm = parent.grow(
@@ -152,7 +152,7 @@ c10::intrusive_ptr<NcclCoreBackend> NcclCoreBackend::join(
     std::chrono::milliseconds timeout,
     int device) {
   constexpr const char* kOp = "join";
-  Communicator::requireGrowSupport(kOp);
+  Communicator::requireGrowSupport(*options->api, kOp);
   NCCL_CORE_CHECK_ARG(
       rank >= 0 && rank < size,
       kOp,
@@ -193,16 +193,16 @@ c10::intrusive_ptr<NcclCoreBackend> NcclCoreBackend::join(
       " was taken by another joining process");
   // The group's timeout from here on, as on its other ranks.
   const std::chrono::milliseconds groupTimeout(plan.timeoutMs);
+  // Never rank 0 (the growing group's): it makes no id.
   const ncclUniqueId id =
-      rendezvous(*store, kMeeting, rank, size, groupTimeout, label);
+      rendezvous(*store, kMeeting, rank, size, groupTimeout, label, [] {
+        return ncclUniqueId{};
+      });
   auto comm = Communicator::create(
       size,
       rank,
       id,
-      device,
-      options->toNcclConfig(),
-      groupTimeout,
-      label,
+      {options->api, device, options->toNcclConfig(), groupTimeout, label},
       nullptr,
       Communicator::Joining::Grow);
   return c10::make_intrusive<NcclCoreBackend>(

@@ -66,7 +66,8 @@ void enqueueChecked(
       plan.route.engine(stream.stream());
     } else {
       plan.route.comm.check(
-          enqueue(call.handle(), stream.stream()), plan.info.name);
+          enqueue(plan.route.comm.api(), call.handle(), stream.stream()),
+          plan.info.name);
     }
     if (timing) {
       timing->end.record(stream);
@@ -270,7 +271,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::runCoalesced(
   const bool opensBlock = !coalescedGroup_;
   if (opensBlock) {
     coalescedGroup_.emplace(plan.route.comm);
-    const ncclResult_t started = nccl().groupStart();
+    const ncclResult_t started = plan.route.comm.api().groupStart();
     if (started != ncclSuccess) {
       coalescedGroup_.reset();
       throwNcclError(started, "ncclGroupStart", __FILE__, __LINE__);

@@ -27,22 +27,23 @@ inline bool isCapturing(cudaStream_t stream) {
 // An NCCL group that is closed on every exit path.
 class NcclGroup {
  public:
-  NcclGroup() {
-    NCCL_CORE_CHECK(nccl().groupStart());
+  explicit NcclGroup(const NcclApi& api) : api_(api) {
+    NCCL_CORE_CHECK(api_.groupStart());
   }
   NcclGroup(const NcclGroup&) = delete;
   NcclGroup& operator=(const NcclGroup&) = delete;
   ~NcclGroup() {
     if (open_) {
-      NCCL_CORE_WARN(nccl().groupEnd());
+      NCCL_CORE_WARN(api_.groupEnd());
     }
   }
   ncclResult_t end() {
     open_ = false;
-    return nccl().groupEnd();
+    return api_.groupEnd();
   }
 
  private:
+  const NcclApi& api_;
   bool open_ = true;
 };
 

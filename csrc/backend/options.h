@@ -8,6 +8,8 @@
 #include <optional>
 #include <string>
 
+#include "nccl/api.h"
+
 namespace nccl_core {
 
 struct NcclCoreOptions {
@@ -41,6 +43,9 @@ struct NcclCoreOptions {
   // "zero" (all_gather and all_to_all on copy engines, no SMs, where NCCL can);
   // unset keeps NCCL's (and NCCL_CTA_POLICY).
   std::optional<std::string> ctaPolicy;
+  // The NCCL entry points of the group's communicators: NCCL's own, unless a
+  // test injects a scripted table (torch_nccl_core._testing).
+  const NcclApi* api = &realNccl();
 
   // Whether registerCachingAllocator is on, the environment deciding where
   // it is unset.

@@ -124,7 +124,7 @@ void NcclCoreBackend::failOffload(
 
 void NcclCoreBackend::suspendGroup() {
   constexpr const char* kOp = "suspend";
-  Communicator::requireSuspendSupport(kOp);
+  Communicator::requireSuspendSupport(*options_->api, kOp);
   if (offloadState_.load() == OffloadState::Suspended) {
     return;
   }
@@ -143,7 +143,7 @@ void NcclCoreBackend::suspendGroup() {
 
 void NcclCoreBackend::resumeGroup() {
   constexpr const char* kOp = "resume";
-  Communicator::requireSuspendSupport(kOp);
+  Communicator::requireSuspendSupport(*options_->api, kOp);
   failure_->raiseIfFailed();
   if (offloadState_.load() != OffloadState::Suspended) {
     return;
@@ -153,7 +153,7 @@ void NcclCoreBackend::resumeGroup() {
 }
 
 std::unordered_map<std::string, uint64_t> NcclCoreBackend::groupMemoryStats() {
-  Communicator::requireSuspendSupport("memory_stats");
+  Communicator::requireSuspendSupport(*options_->api, "memory_stats");
   failure_->raiseIfFailed();
   std::unordered_map<std::string, uint64_t> stats{
       {"suspend", 0},

@@ -3,8 +3,6 @@
 #include <c10/cuda/CUDAException.h>
 #include <dlfcn.h>
 
-#include <atomic>
-
 // Declared by nccl_device.h, which only nvcc compiles; same symbols, with
 // the structures opaque.
 extern "C" {
@@ -80,8 +78,6 @@ NcclApi makeRealApi() {
   return api;
 }
 
-std::atomic<const NcclApi*> installed{nullptr};
-
 } // namespace
 
 const NcclApi& realNccl() {
@@ -89,27 +85,19 @@ const NcclApi& realNccl() {
   return api;
 }
 
-const NcclApi& nccl() {
-  const NcclApi* api = installed.load(std::memory_order_acquire);
-  return api != nullptr ? *api : realNccl();
-}
-
-void installNcclApi(const NcclApi* api) {
-  installed.store(api, std::memory_order_release);
-}
-
-DeviceGuard::DeviceGuard(int device) : device_(device) {
+DeviceGuard::DeviceGuard(const NcclApi& api, int device)
+    : api_(api), device_(device) {
   // Warned, not thrown: teardown paths use the guard too, and a call made
   // on the wrong device reports its own error.
-  C10_CUDA_CHECK_WARN(nccl().getDevice(&previous_));
+  C10_CUDA_CHECK_WARN(api_.getDevice(&previous_));
   if (previous_ != device_) {
-    C10_CUDA_CHECK_WARN(nccl().setDevice(device_));
+    C10_CUDA_CHECK_WARN(api_.setDevice(device_));
   }
 }
 
 DeviceGuard::~DeviceGuard() {
   if (previous_ != device_) {
-    C10_CUDA_CHECK_WARN(nccl().setDevice(previous_));
+    C10_CUDA_CHECK_WARN(api_.setDevice(previous_));
   }
 }
 

@@ -2,9 +2,11 @@
 // where entry points of newer releases are looked up. The extension links only
 // symbols NCCL 2.28 exports (tests/cpu/test_linked_symbols.py), so one build
 // loads on every NCCL >= 2.28; newer host functions come from dlsym and are
-// null where the runtime lacks them. Tests replace the table with a fake
-// (torch_nccl_core._testing), so the communicator's and the watchdog's
-// logic runs in CI, which has no GPU. Modelled on torchcomms' NcclApi.
+// null where the runtime lacks them. Each communicator calls the table it was
+// made with (Communicator::Settings), so a test hands its communicators a
+// scripted one (torch_nccl_core._testing) and their and the watchdog's logic
+// runs in CI, which has no GPU; nothing is swapped for the whole process.
+// Modelled on torchcomms' NcclApi, injected per communicator.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -112,28 +114,23 @@ struct NcclApi {
   decltype(&cudaThreadExchangeStreamCaptureMode) exchangeStreamCaptureMode;
 };
 
-// The table in use: NCCL's own unless a test installed another.
-const NcclApi& nccl();
-
-// NCCL's own entry points (the newer ones where the runtime has them).
+// NCCL's own entry points (the newer ones where the runtime has them): what
+// communicators call unless made with another table, and what calls outside
+// any communicator (memory, versions, error strings) use.
 const NcclApi& realNccl();
 
-// Makes `api` the table in use (null: NCCL's own again). For tests: calls in
-// progress keep the table they started with, so install before any
-// communicator exists and keep `api` alive until it is replaced.
-void installNcclApi(const NcclApi* api);
-
-// Sets the calling thread's CUDA device through the table, and restores the
+// Sets the calling thread's CUDA device through `api`, and restores the
 // previous one on every exit path (NCCL's own cudaSetDevice guard pattern).
 // Never throws: failures are logged.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device);
+  DeviceGuard(const NcclApi& api, int device);
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
   ~DeviceGuard();
 
  private:
+  const NcclApi& api_;
   const int device_;
   int previous_ = -1;
 };

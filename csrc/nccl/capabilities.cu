@@ -32,7 +32,7 @@ CommCapabilities queryCapabilities(Communicator& comm, const char* op) {
   CommCapabilities made;
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 0)
   requireBuildRelease(op);
-  const auto query = nccl().commQueryProperties;
+  const auto query = comm.api().commQueryProperties;
   NCCL_CORE_CHECK_SUPPORTED(
       query != nullptr, op, "NCCL has no ncclCommQueryProperties");
   ncclCommProperties_t props = NCCL_COMM_PROPERTIES_INITIALIZER;

@@ -31,28 +31,26 @@ std::shared_ptr<Communicator> Communicator::create(
     int nranks,
     int rank,
     const ncclUniqueId& id,
-    int device,
-    ncclConfig_t config,
-    std::chrono::milliseconds timeout,
-    std::string label,
-    const std::function<void(const std::shared_ptr<Communicator>&)>& started,
+    Settings settings,
+    const Started& started,
     Joining how) {
+  const NcclApi& api = *settings.api;
   const bool grows = how == Joining::Grow;
   if (grows) {
-    requireGrowSupport("join");
+    requireGrowSupport(api, "join");
   }
   const char* call = grows ? "ncclCommGrow" : "ncclCommInitRankConfig";
-  DeviceGuard guard(device);
+  DeviceGuard guard(api, settings.device);
   ncclComm_t comm = nullptr;
+  ncclConfig_t& config = settings.config;
   const ncclResult_t result =
-      grows ? nccl().commGrow(nullptr, nranks, &id, rank, &comm, &config)
-            : nccl().commInitRankConfig(&comm, nranks, id, rank, &config);
+      grows ? api.commGrow(nullptr, nranks, &id, rank, &comm, &config)
+            : api.commInitRankConfig(&comm, nranks, id, rank, &config);
   if (comm == nullptr) {
     throwNcclError(result, call, __FILE__, __LINE__);
   }
   // Owned from here on, so that a failed or late initialization is aborted.
-  auto communicator =
-      adopt(comm, rank, nranks, device, config, timeout, std::move(label));
+  auto communicator = adopt(comm, rank, nranks, std::move(settings));
   if (started) {
     started(communicator);
   }
@@ -62,6 +60,12 @@ std::shared_ptr<Communicator> Communicator::create(
     communicator->check(result, call);
   }
   return communicator;
+}
+
+ncclUniqueId Communicator::uniqueId(const NcclApi& api) {
+  ncclUniqueId id;
+  NCCL_CORE_CHECK(api.getUniqueId(&id));
+  return id;
 }
 
 std::shared_ptr<Communicator> Communicator::split(
@@ -74,7 +78,7 @@ std::shared_ptr<Communicator> Communicator::split(
       config,
       std::move(label),
       [&](ncclComm_t parent, ncclComm_t* child) {
-        return nccl().commSplit(
+        return api_->commSplit(
             parent,
             color < 0 ? NCCL_SPLIT_NOCOLOR : color,
             key,
@@ -93,7 +97,7 @@ std::shared_ptr<Communicator> Communicator::shrink(
       config,
       std::move(label),
       [&](ncclComm_t parent, ncclComm_t* child) {
-        return nccl().commShrink(
+        return api_->commShrink(
             parent,
             excludedRanks.data(),
             static_cast<int>(excludedRanks.size()),
@@ -108,7 +112,7 @@ std::shared_ptr<Communicator> Communicator::derive(
     const ncclConfig_t& config,
     std::string label,
     c10::function_ref<ncclResult_t(ncclComm_t, ncclComm_t*)> make) {
-  DeviceGuard guard(device_);
+  DeviceGuard guard(*api_, device_);
   ncclComm_t child = nullptr;
   {
     const HostCall inside(*this);
@@ -117,7 +121,7 @@ std::shared_ptr<Communicator> Communicator::derive(
       if (isAborted()) {
         raiseAborted(); // the abort ended the call
       }
-      throwNcclError(result, call, __FILE__, __LINE__, comm_);
+      throwNcclError(result, call, __FILE__, __LINE__, *api_, comm_);
     }
   }
   if (nonblocking_) {
@@ -125,7 +129,7 @@ std::shared_ptr<Communicator> Communicator::derive(
     // is only written once the parent has settled.
     const ncclResult_t state = settle(call);
     if (state != ncclSuccess) {
-      throwNcclError(state, call, __FILE__, __LINE__, comm_);
+      throwNcclError(state, call, __FILE__, __LINE__, *api_, comm_);
     }
   }
   if (child == nullptr) {
@@ -133,16 +137,13 @@ std::shared_ptr<Communicator> Communicator::derive(
   }
   int childRank = 0;
   int childSize = 0;
-  NCCL_CORE_CHECK(nccl().commUserRank(child, &childRank));
-  NCCL_CORE_CHECK(nccl().commCount(child, &childSize));
+  NCCL_CORE_CHECK(api_->commUserRank(child, &childRank));
+  NCCL_CORE_CHECK(api_->commCount(child, &childSize));
   auto adopted = adopt(
       child,
       childRank,
       childSize,
-      device_,
-      config,
-      timeout(),
-      std::move(label));
+      {api_, device_, config, timeout(), std::move(label)});
   get(); // aborted meanwhile: the call fails, and the child goes with it
   return adopted;
 }
@@ -151,34 +152,26 @@ Communicator::Communicator(
     ncclComm_t comm,
     int rank,
     int size,
-    int device,
-    const ncclConfig_t& config,
-    std::chrono::milliseconds timeout,
-    std::string label)
-    : comm_(comm),
+    Settings settings)
+    : api_(settings.api),
+      comm_(comm),
       rank_(rank),
       size_(size),
-      device_(device),
-      nonblocking_(config.blocking == 0),
-      timeout_(timeout),
-      label_(std::move(label)),
-      netName_(config.netName != nullptr ? config.netName : ""),
-      commName_(config.commName != nullptr ? config.commName : ""),
-      config_(config) {
-  config_.netName = config.netName != nullptr ? netName_.c_str() : nullptr;
-  config_.commName = config.commName != nullptr ? commName_.c_str() : nullptr;
+      device_(settings.device),
+      nonblocking_(settings.config.blocking == 0),
+      timeout_(settings.timeout),
+      label_(std::move(settings.label)),
+      netName_(settings.config.netName ? settings.config.netName : ""),
+      commName_(settings.config.commName ? settings.config.commName : ""),
+      config_(settings.config) {
+  config_.netName = config_.netName != nullptr ? netName_.c_str() : nullptr;
+  config_.commName = config_.commName != nullptr ? commName_.c_str() : nullptr;
 }
 
-std::shared_ptr<Communicator> Communicator::adopt(
-    ncclComm_t comm,
-    int rank,
-    int size,
-    int device,
-    const ncclConfig_t& config,
-    std::chrono::milliseconds timeout,
-    std::string label) {
-  std::shared_ptr<Communicator> communicator(new Communicator(
-      comm, rank, size, device, config, timeout, std::move(label)));
+std::shared_ptr<Communicator>
+Communicator::adopt(ncclComm_t comm, int rank, int size, Settings settings) {
+  std::shared_ptr<Communicator> communicator(
+      new Communicator(comm, rank, size, std::move(settings)));
   addAllocationObserver(communicator);
   return communicator;
 }
@@ -236,7 +229,7 @@ void Communicator::check(
     raiseAborted(); // the abort ended the call: that is what went wrong
   }
   throwNcclError(
-      result, c10::str(call, " on ", label_).c_str(), file, line, comm_);
+      result, c10::str(call, " on ", label_).c_str(), file, line, *api_, comm_);
 }
 
 void Communicator::setTimeout(std::chrono::milliseconds timeout) {
@@ -251,7 +244,7 @@ std::optional<ncclResult_t> Communicator::pollUntilSettled() {
     {
       Use use(*this);
       std::lock_guard<std::mutex> lock(pollMutex_);
-      result = nccl().commGetAsyncError(use.handle(), &state);
+      result = api_->commGetAsyncError(use.handle(), &state);
     }
     if (result != ncclSuccess) {
       return result;
@@ -353,7 +346,7 @@ void Communicator::abort(CommunicatorListener* instead) noexcept {
 }
 
 bool Communicator::canRevoke() const {
-  return !nonblocking_ && nccl().commRevoke != nullptr &&
+  return !nonblocking_ && api_->commRevoke != nullptr &&
          capturedGraphs_.live() == 0 && !finalizing_.load();
 }
 
@@ -362,8 +355,8 @@ bool Communicator::revokeHandle() noexcept {
     return false;
   }
   try {
-    DeviceGuard guard(device_);
-    NCCL_CORE_WARN(nccl().commRevoke(comm_, 0));
+    DeviceGuard guard(*api_, device_);
+    NCCL_CORE_WARN(api_->commRevoke(comm_, 0));
   } catch (const std::exception& e) {
     LOG(WARNING) << "[nccl_core] could not revoke the NCCL communicator of "
                  << label_ << ": " << e.what();
@@ -398,8 +391,8 @@ bool Communicator::flush() noexcept {
     if (finalizing_.exchange(true)) {
       return false;
     }
-    DeviceGuard guard(device_);
-    const ncclResult_t started = nccl().commFinalize(use.handle());
+    DeviceGuard guard(*api_, device_);
+    const ncclResult_t started = api_->commFinalize(use.handle());
     if (started != ncclInProgress) {
       return started == ncclSuccess;
     }
@@ -426,13 +419,13 @@ bool Communicator::finalizeBlocking() noexcept {
       // Its stream syncs, and the abort it may end with, must not break
       // another thread's CUDA graph capture.
       cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
-      C10_CUDA_CHECK_WARN(nccl().exchangeStreamCaptureMode(&mode));
+      C10_CUDA_CHECK_WARN(self->api_->exchangeStreamCaptureMode(&mode));
       bool flushed = false;
       try {
         const Use use(*self); // raises once aborted
         if (!self->finalizing_.exchange(true)) {
-          DeviceGuard guard(self->device_);
-          flushed = nccl().commFinalize(use.handle()) == ncclSuccess;
+          DeviceGuard guard(*self->api_, self->device_);
+          flushed = self->api_->commFinalize(use.handle()) == ncclSuccess;
         }
       } catch (const std::exception&) {
         // aborted before it started: nothing is left to flush
@@ -473,12 +466,12 @@ void Communicator::releaseHandle() noexcept {
                  << " CUDA graph(s) that captured work of this communicator "
                     "are alive: NCCL frees it once they are destroyed";
     try {
-      std::thread([comm = comm_, device = device_] {
+      std::thread([api = api_, comm = comm_, device = device_] {
         // Woken when a graph dies, perhaps beside another thread's capture.
         cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
-        C10_CUDA_CHECK_WARN(nccl().exchangeStreamCaptureMode(&mode));
-        C10_CUDA_CHECK_WARN(nccl().setDevice(device));
-        NCCL_CORE_WARN(nccl().commAbort(comm));
+        C10_CUDA_CHECK_WARN(api->exchangeStreamCaptureMode(&mode));
+        C10_CUDA_CHECK_WARN(api->setDevice(device));
+        NCCL_CORE_WARN(api->commAbort(comm));
       }).detach();
     } catch (const std::exception& e) {
       LOG(ERROR) << "[nccl_core] no thread to abort the communicator on ("
@@ -487,8 +480,8 @@ void Communicator::releaseHandle() noexcept {
     return;
   }
   try {
-    DeviceGuard guard(device_);
-    NCCL_CORE_WARN(nccl().commAbort(comm_));
+    DeviceGuard guard(*api_, device_);
+    NCCL_CORE_WARN(api_->commAbort(comm_));
   } catch (const std::exception& e) {
     LOG(ERROR) << "[nccl_core] could not abort the NCCL communicator of "
                << label_ << ": " << e.what();
@@ -498,7 +491,7 @@ void Communicator::releaseHandle() noexcept {
 std::string Communicator::lastError() {
   try {
     Use use(*this);
-    const char* text = nccl().getLastError(use.handle());
+    const char* text = api_->getLastError(use.handle());
     return text != nullptr ? text : "";
   } catch (const c10::DistBackendError&) {
     return ""; // aborted: the abort reports itself
@@ -514,7 +507,7 @@ ncclResult_t Communicator::asyncError() {
     std::lock_guard<std::mutex> lock(pollMutex_);
     ncclResult_t asyncResult = ncclSuccess;
     const ncclResult_t result =
-        nccl().commGetAsyncError(use.handle(), &asyncResult);
+        api_->commGetAsyncError(use.handle(), &asyncResult);
     return result != ncclSuccess ? result : asyncResult;
   } catch (const c10::DistBackendError&) {
     return ncclSuccess; // aborted meanwhile: the abort reports itself
@@ -536,11 +529,11 @@ std::shared_ptr<RegisteredBuffer>
 Communicator::registerBuffer(void* ptr, size_t bytes) {
   refuseWhileSuspended();
   const auto allocation = findAllocation(ptr, bytes);
-  DeviceGuard guard(device_);
+  DeviceGuard guard(*api_, device_);
   std::lock_guard<std::mutex> lock(mutex_);
   void* handle = nullptr;
   checkLocal(
-      nccl().commRegister(get(), ptr, bytes, &handle), "ncclCommRegister");
+      api_->commRegister(get(), ptr, bytes, &handle), "ncclCommRegister");
   return track<RegisteredBuffer>(
       allocation ? std::optional<uint64_t>(allocation->id) : std::nullopt,
       handle,
@@ -550,7 +543,7 @@ Communicator::registerBuffer(void* ptr, size_t bytes) {
 std::shared_ptr<Window>
 Communicator::registerWindow(void* ptr, size_t bytes, int flags) {
   const auto allocation = findAllocation(ptr, bytes);
-  DeviceGuard guard(device_);
+  DeviceGuard guard(*api_, device_);
   std::shared_ptr<CommunicatorListener> listener;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -587,11 +580,11 @@ Communicator::registerWindow(void* ptr, size_t bytes, int flags) {
 
 std::shared_ptr<CustomRedOp>
 Communicator::createPreMulSum(const void* hostScalar, ncclDataType_t dtype) {
-  DeviceGuard guard(device_);
+  DeviceGuard guard(*api_, device_);
   std::lock_guard<std::mutex> lock(mutex_);
   ncclRedOp_t op;
   checkLocal(
-      nccl().redOpCreatePreMulSum(
+      api_->redOpCreatePreMulSum(
           &op,
           const_cast<void*>(hostScalar),
           dtype,
@@ -630,13 +623,13 @@ SignalWindow& Communicator::signals() {
 }
 
 ncclWindow_t Communicator::windowRegister(void* ptr, size_t bytes, int flags) {
-  DeviceGuard guard(device_);
+  DeviceGuard guard(*api_, device_);
   ncclWindow_t window = nullptr;
   ncclResult_t result = ncclSuccess;
   {
     const HostCall inside(*this);
     result =
-        nccl().commWindowRegister(inside.handle(), ptr, bytes, &window, flags);
+        api_->commWindowRegister(inside.handle(), ptr, bytes, &window, flags);
   }
   check(result, "ncclCommWindowRegister");
   if (nonblocking_) {
@@ -668,8 +661,8 @@ Communicator::adoptDevComm(std::shared_ptr<void> devComm) {
 void Communicator::destroyRedOp(ncclRedOp_t op) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!isAborted()) {
-    DeviceGuard guard(device_);
-    NCCL_CORE_WARN(nccl().redOpDestroy(op, comm_));
+    DeviceGuard guard(*api_, device_);
+    NCCL_CORE_WARN(api_->redOpDestroy(op, comm_));
   }
 }
 
@@ -726,8 +719,8 @@ void Communicator::close(CommResource& resource) noexcept {
       std::remove(windows_.begin(), windows_.end(), owned.get()),
       windows_.end());
   if (!isAborted()) {
-    DeviceGuard guard(device_);
-    owned->release(comm_);
+    DeviceGuard guard(*api_, device_);
+    owned->release(*api_, comm_);
     if (nonblocking_) {
       // A release may be collective (window deregistration) and return
       // ncclInProgress: NCCL refuses the next call until it settled.

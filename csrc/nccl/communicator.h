@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "nccl/allocations.h"
+#include "nccl/api.h"
 #include "nccl/captured_graphs.h"
 #include "nccl/one_sided.h"
 #include "nccl/resources.h"
@@ -54,22 +55,34 @@ class Communicator final : public AllocationObserver,
   // or a new process's part in another communicator's grow (ncclCommGrow,
   // NCCL >= 2.29; `id` is the growing communicator's growId()).
   enum class Joining { Init, Grow };
+  // How a communicator runs: the NCCL entry points it calls all its life
+  // (NCCL's own, or a test's scripted table), its device and config, how
+  // long a nonblocking call may stay in progress before it is aborted, and
+  // its name in errors ("group 'name'"). Communicators made from it take its
+  // table, device and timeout.
+  struct Settings {
+    const NcclApi* api;
+    int device;
+    ncclConfig_t config;
+    std::chrono::milliseconds timeout;
+    std::string label;
+  };
+  using Started = std::function<void(const std::shared_ptr<Communicator>&)>;
   // Collective over the `nranks` processes that share `id`. A nonblocking
-  // config (blocking = 0) is waited for up to `timeout`, then aborted.
-  // `label` names the communicator in errors ("group 'name'"). `started`
-  // sees the communicator before it is waited for, so that another thread
-  // can abort a late initialization.
+  // config (blocking = 0) is waited for up to the timeout, then aborted.
+  // `started` sees the communicator before it is waited for, so that another
+  // thread can abort a late initialization.
   static std::shared_ptr<Communicator> create(
       int nranks,
       int rank,
       const ncclUniqueId& id,
-      int device,
-      ncclConfig_t config,
-      std::chrono::milliseconds timeout,
-      std::string label,
-      const std::function<void(const std::shared_ptr<Communicator>&)>& started =
-          nullptr,
+      Settings settings,
+      const Started& started = nullptr,
       Joining how = Joining::Init);
+
+  // ncclGetUniqueId through `api`: the id of a new communicator, made on one
+  // of its ranks and passed to the others.
+  static ncclUniqueId uniqueId(const NcclApi& api);
 
   // ncclCommSplit, collective over this communicator. Returns nullptr on a
   // rank that passes color < 0 (it joins no new communicator). `label` names
@@ -99,8 +112,8 @@ class Communicator final : public AllocationObserver,
   // ncclCommGetUniqueId: the id of the next grow, on one rank of this
   // communicator; NCCL hands it to the others within grow().
   ncclUniqueId growId();
-  // NotImplementedError naming `op` where the loaded NCCL cannot grow.
-  static void requireGrowSupport(const char* op);
+  // NotImplementedError naming `op` where `api` cannot grow.
+  static void requireGrowSupport(const NcclApi& api, const char* op);
 
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -177,6 +190,10 @@ class Communicator final : public AllocationObserver,
   int device() const {
     return device_;
   }
+  // The NCCL entry points it calls.
+  const NcclApi& api() const {
+    return *api_;
+  }
   // The config it was made with, for communicators derived from it.
   const ncclConfig_t& config() const {
     return config_;
@@ -242,9 +259,9 @@ class Communicator final : public AllocationObserver,
     uint64_t total;
     bool suspended;
   };
-  // Raises NotImplementedError naming `op` unless the loaded NCCL can
-  // suspend communicators (NCCL >= 2.29.7).
-  static void requireSuspendSupport(const char* op);
+  // Raises NotImplementedError naming `op` unless `api` can suspend
+  // communicators (NCCL >= 2.29.7).
+  static void requireSuspendSupport(const NcclApi& api, const char* op);
   // Releases the memory NCCL can release (ncclCommSuspend with
   // NCCL_SUSPEND_MEM); NCCL takes no work on it until resume() restores it,
   // so host calls are refused meanwhile. Both idempotent, and collective (a
@@ -306,22 +323,9 @@ class Communicator final : public AllocationObserver,
   void close(CommResource& resource) noexcept;
 
  private:
-  Communicator(
-      ncclComm_t comm,
-      int rank,
-      int size,
-      int device,
-      const ncclConfig_t& config,
-      std::chrono::milliseconds timeout,
-      std::string label);
-  static std::shared_ptr<Communicator> adopt(
-      ncclComm_t comm,
-      int rank,
-      int size,
-      int device,
-      const ncclConfig_t& config,
-      std::chrono::milliseconds timeout,
-      std::string label);
+  Communicator(ncclComm_t comm, int rank, int size, Settings settings);
+  static std::shared_ptr<Communicator>
+  adopt(ncclComm_t comm, int rank, int size, Settings settings);
   // A communicator `make(parent, &child)` derives from this one through
   // `call`: made under a Use, settled by the parent's config, then owned.
   // Null when `make` leaves this rank out.
@@ -370,6 +374,7 @@ class Communicator final : public AllocationObserver,
   std::shared_ptr<Resource> track(Args&&... args);
   void onFree(const Allocation& allocation) noexcept override;
 
+  const NcclApi* const api_;
   ncclComm_t comm_;
   const int rank_;
   const int size_;

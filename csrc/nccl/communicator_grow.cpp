@@ -10,8 +10,7 @@
 
 namespace nccl_core {
 
-void Communicator::requireGrowSupport(const char* op) {
-  const NcclApi& api = nccl();
+void Communicator::requireGrowSupport(const NcclApi& api, const char* op) {
   NCCL_CORE_CHECK_SUPPORTED(
       api.commGrow != nullptr && api.commGetUniqueId != nullptr,
       op,
@@ -21,15 +20,15 @@ void Communicator::requireGrowSupport(const char* op) {
 }
 
 ncclUniqueId Communicator::growId() {
-  requireGrowSupport("grow");
-  DeviceGuard guard(device_);
+  requireGrowSupport(*api_, "grow");
+  DeviceGuard guard(*api_, device_);
   ncclUniqueId id{};
   ncclResult_t result = ncclSuccess;
   {
     // Sends the id to this communicator's first and last ranks, which take
     // it inside their grow (NCCL's bootstrap).
     const HostCall inside(*this);
-    result = nccl().commGetUniqueId(inside.handle(), &id);
+    result = api_->commGetUniqueId(inside.handle(), &id);
   }
   check(result, "ncclCommGetUniqueId");
   return id;
@@ -40,23 +39,26 @@ std::shared_ptr<Communicator> Communicator::grow(
     const ncclUniqueId* id,
     ncclConfig_t config,
     std::string label) {
-  requireGrowSupport("grow");
-  DeviceGuard guard(device_);
+  requireGrowSupport(*api_, "grow");
+  DeviceGuard guard(*api_, device_);
   ncclComm_t child = nullptr;
   ncclResult_t result = ncclSuccess;
   {
     const HostCall inside(*this);
-    result = nccl().commGrow(inside.handle(), newSize, id, -1, &child, &config);
+    result = api_->commGrow(inside.handle(), newSize, id, -1, &child, &config);
   }
   if (child == nullptr) {
     if (isAborted()) {
       raiseAborted(); // the abort ended the call
     }
-    throwNcclError(result, "ncclCommGrow", __FILE__, __LINE__, comm_);
+    throwNcclError(result, "ncclCommGrow", __FILE__, __LINE__, *api_, comm_);
   }
   // Owned before it settles: a failed or late grow aborts it.
   auto grown = adopt(
-      child, rank_, newSize, device_, config, timeout(), std::move(label));
+      child,
+      rank_,
+      newSize,
+      {api_, device_, config, timeout(), std::move(label)});
   grown->settleGrow(result);
   return grown;
 }

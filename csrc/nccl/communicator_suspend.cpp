@@ -10,8 +10,7 @@
 
 namespace nccl_core {
 
-void Communicator::requireSuspendSupport(const char* op) {
-  const NcclApi& api = nccl();
+void Communicator::requireSuspendSupport(const NcclApi& api, const char* op) {
   NCCL_CORE_CHECK_SUPPORTED(
       api.commSuspend != nullptr && api.commResume != nullptr &&
           api.commMemStats != nullptr,
@@ -32,16 +31,16 @@ Communicator& Communicator::refuseWhileSuspended() {
 }
 
 void Communicator::suspend() {
-  requireSuspendSupport("suspend");
+  requireSuspendSupport(*api_, "suspend");
   std::lock_guard<std::mutex> lock(suspendMutex_);
   if (isSuspended()) {
     return;
   }
-  DeviceGuard guard(device_);
+  DeviceGuard guard(*api_, device_);
   ncclResult_t result = ncclSuccess;
   {
     const HostCall inside(*this);
-    result = nccl().commSuspend(inside.handle(), kSuspendMemory);
+    result = api_->commSuspend(inside.handle(), kSuspendMemory);
   }
   // NCCL's refusal, before its barrier: a memory manager shared with another
   // communicator (split_share), or NCCL_MEM_MANAGER_DISABLE.
@@ -58,29 +57,29 @@ void Communicator::suspend() {
 }
 
 void Communicator::resume() {
-  requireSuspendSupport("resume");
+  requireSuspendSupport(*api_, "resume");
   std::lock_guard<std::mutex> lock(suspendMutex_);
   if (!isSuspended()) {
     return;
   }
-  DeviceGuard guard(device_);
+  DeviceGuard guard(*api_, device_);
   ncclResult_t result = ncclSuccess;
   {
     const HostCall inside(*this, /*whileSuspended=*/true);
-    result = nccl().commResume(inside.handle());
+    result = api_->commResume(inside.handle());
   }
   check(result, "ncclCommResume");
   suspended_.store(false, std::memory_order_release);
 }
 
 Communicator::MemoryStats Communicator::memoryStats() {
-  requireSuspendSupport("memory_stats");
+  requireSuspendSupport(*api_, "memory_stats");
   const auto read = [this](NcclMemStat stat) {
     uint64_t value = 0;
     ncclResult_t result = ncclSuccess;
     {
       const Use use(*this);
-      result = nccl().commMemStats(use.handle(), stat, &value);
+      result = api_->commMemStats(use.handle(), stat, &value);
     }
     check(result, "ncclCommMemStats");
     return value;

@@ -113,8 +113,8 @@ int DevComm::lsaSize() const {
   return devCommOf(devComm_).lsaSize;
 }
 
-void DevComm::release(ncclComm_t comm) noexcept {
-  NCCL_CORE_WARN(nccl().devCommDestroy(comm, &devCommOf(devComm_)));
+void DevComm::release(const NcclApi& api, ncclComm_t comm) noexcept {
+  NCCL_CORE_WARN(api.devCommDestroy(comm, &devCommOf(devComm_)));
 }
 
 namespace {
@@ -166,7 +166,7 @@ std::shared_ptr<DevComm> createDevComm(
   {
     // Collective: an abort revokes the communicator to end the wait.
     const Communicator::HostCall inside(comm);
-    result = nccl().devCommCreate(inside.handle(), &r, devComm.get());
+    result = comm.api().devCommCreate(inside.handle(), &r, devComm.get());
   }
   comm.check(result, "ncclDevCommCreate");
   return comm.adoptDevComm(std::static_pointer_cast<void>(devComm));

@@ -27,7 +27,7 @@ class DevComm final : public CommResource {
   }
 
  private:
-  void release(ncclComm_t comm) noexcept override;
+  void release(const NcclApi& api, ncclComm_t comm) noexcept override;
 
   const std::shared_ptr<void> devComm_; // an ncclDevComm_t
 };

@@ -38,7 +38,7 @@ std::string describe(
     const char* call,
     const char* file,
     int line,
-    ncclComm_t comm) {
+    const char* last) {
   std::string msg = c10::str(
       "NCCL error in ",
       call,
@@ -51,8 +51,7 @@ std::string describe(
       " (",
       static_cast<int>(result),
       "): ",
-      nccl().getErrorString(result));
-  const char* last = nccl().getLastError(comm);
+      realNccl().getErrorString(result));
   if (last != nullptr && last[0] != '\0') {
     msg += c10::str(". Last NCCL error: ", last);
     // NCCL's bootstrap opens short-lived TCP connections for every window
@@ -72,8 +71,11 @@ void throwNcclError(
     const char* call,
     const char* file,
     int line,
+    const NcclApi& api,
     ncclComm_t comm) {
-  C10_THROW_ERROR(DistBackendError, describe(result, call, file, line, comm));
+  C10_THROW_ERROR(
+      DistBackendError,
+      describe(result, call, file, line, api.getLastError(comm)));
 }
 
 void warnNcclError(
@@ -81,7 +83,9 @@ void warnNcclError(
     const char* call,
     const char* file,
     int line) {
-  LOG(WARNING) << "[nccl_core] " << describe(result, call, file, line, nullptr);
+  LOG(WARNING)
+      << "[nccl_core] "
+      << describe(result, call, file, line, realNccl().getLastError(nullptr));
 }
 
 } // namespace nccl_core

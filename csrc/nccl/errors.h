@@ -7,6 +7,8 @@
 
 #include <string>
 
+#include "nccl/api.h"
+
 namespace nccl_core {
 
 // Human-readable name of an NCCL result code ("ncclUnhandledCudaError").
@@ -15,11 +17,14 @@ const char* resultName(ncclResult_t result);
 // Throws c10::DistBackendError naming the failed call, where it was made, the
 // NCCL status and NCCL's last error text (shown as torch.distributed.
 // DistBackendError in Python).
+// With `comm`, NCCL's last error is that communicator's, asked through the
+// table it was made with.
 [[noreturn]] void throwNcclError(
     ncclResult_t result,
     const char* call,
     const char* file,
     int line,
+    const NcclApi& api = realNccl(),
     ncclComm_t comm = nullptr);
 
 // For destructors and teardown paths, where throwing is not an option.

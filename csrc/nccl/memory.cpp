@@ -22,10 +22,10 @@ void* allocate(size_t bytes, c10::DeviceIndex device) {
   c10::cuda::CUDAGuard guard(device);
   freeFinished(/*wait=*/false);
   void* ptr = nullptr;
-  if (nccl().memAlloc(&ptr, bytes) != ncclSuccess) {
+  if (realNccl().memAlloc(&ptr, bytes) != ncclSuccess) {
     // Memory freed but still in use on some stream may be what is missing.
     freeFinished(/*wait=*/true);
-    NCCL_CORE_CHECK(nccl().memAlloc(&ptr, bytes));
+    NCCL_CORE_CHECK(realNccl().memAlloc(&ptr, bytes));
   }
   recordAllocation(ptr, bytes, device);
   return ptr;

@@ -26,8 +26,9 @@ namespace nccl_core {
 namespace {
 
 // NCCL >= 2.29's host one-sided API, where the runtime has it.
+// A process-wide choice, so NCCL's own table decides.
 bool hostApiAvailable() {
-  const NcclApi& api = nccl();
+  const NcclApi& api = realNccl();
   return api.putSignal != nullptr && api.signal != nullptr &&
          api.waitSignal != nullptr;
 }
@@ -184,7 +185,7 @@ std::vector<size_t> allGatherSizes(Communicator& comm, size_t bytes) {
   {
     const Communicator::Use use = comm.use(); // fences abort() meanwhile
     comm.check(
-        nccl().allGather(
+        comm.api().allGather(
             all + comm.rank(),
             all,
             1,
@@ -407,7 +408,7 @@ void enqueuePutSignal(
     if (comm.inSymmetricWindow(put.src, put.bytes)) {
       comm.noteCapture(stream); // NCCL's plan would hold the communicator
       comm.check(
-          nccl().putSignal(
+          comm.api().putSignal(
               put.src,
               put.count,
               put.dtype,
@@ -443,7 +444,7 @@ void enqueueSignal(Communicator& comm, int peer, cudaStream_t stream) {
   if (oneSidedEngine() == OneSidedEngine::Host) {
     comm.noteCapture(stream);
     comm.check(
-        nccl().signal(peer, 0, 0, 0, comm.use().handle(), stream),
+        comm.api().signal(peer, 0, 0, 0, comm.use().handle(), stream),
         "ncclSignal");
     return;
   }
@@ -467,7 +468,7 @@ void enqueueWaitSignal(
     }
     comm.noteCapture(stream);
     comm.check(
-        nccl().waitSignal(
+        comm.api().waitSignal(
             static_cast<int>(ncclDescs.size()),
             ncclDescs.data(),
             comm.use().handle(), // the Use lasts the call: abort waits

@@ -37,8 +37,8 @@ uintptr_t RegisteredBuffer::handle() const {
   return reinterpret_cast<uintptr_t>(handle_);
 }
 
-void RegisteredBuffer::release(ncclComm_t comm) noexcept {
-  NCCL_CORE_WARN(nccl().commDeregister(comm, handle_));
+void RegisteredBuffer::release(const NcclApi& api, ncclComm_t comm) noexcept {
+  NCCL_CORE_WARN(api.commDeregister(comm, handle_));
 }
 
 ncclWindow_t Window::get() const {
@@ -51,8 +51,8 @@ void* Window::userPtr() const {
   return userPtr_;
 }
 
-void Window::release(ncclComm_t comm) noexcept {
-  NCCL_CORE_WARN(nccl().commWindowDeregister(comm, window_));
+void Window::release(const NcclApi& api, ncclComm_t comm) noexcept {
+  NCCL_CORE_WARN(api.commWindowDeregister(comm, window_));
 }
 
 ncclRedOp_t CustomRedOp::get() const {
@@ -64,8 +64,8 @@ bool CustomRedOp::ownedBy(const Communicator& comm) const {
   return communicator().get() == &comm;
 }
 
-void CustomRedOp::release(ncclComm_t comm) noexcept {
-  NCCL_CORE_WARN(nccl().redOpDestroy(op_, comm));
+void CustomRedOp::release(const NcclApi& api, ncclComm_t comm) noexcept {
+  NCCL_CORE_WARN(api.redOpDestroy(op_, comm));
 }
 
 } // namespace nccl_core

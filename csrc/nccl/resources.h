@@ -15,6 +15,8 @@
 #include <optional>
 #include <vector>
 
+#include "nccl/api.h"
+
 namespace nccl_core {
 
 class Communicator;
@@ -51,7 +53,7 @@ class CommResource {
  private:
   friend class Communicator;
   // Frees the NCCL handle; the communicator calls it once, while alive.
-  virtual void release(ncclComm_t comm) noexcept = 0;
+  virtual void release(const NcclApi& api, ncclComm_t comm) noexcept = 0;
 
   const std::weak_ptr<Communicator> comm_;
   const std::optional<uint64_t> allocation_;
@@ -79,7 +81,7 @@ class RegisteredBuffer final : public CommResource {
   }
 
  private:
-  void release(ncclComm_t comm) noexcept override;
+  void release(const NcclApi& api, ncclComm_t comm) noexcept override;
 
   void* const handle_;
   const size_t size_;
@@ -122,7 +124,7 @@ class Window final : public CommResource {
   }
 
  private:
-  void release(ncclComm_t comm) noexcept override;
+  void release(const NcclApi& api, ncclComm_t comm) noexcept override;
 
   mutable std::once_flag lsaBasesOnce_;
   mutable std::vector<uintptr_t> lsaBases_;
@@ -154,7 +156,7 @@ class CustomRedOp final : public CommResource {
   }
 
  private:
-  void release(ncclComm_t comm) noexcept override;
+  void release(const NcclApi& api, ncclComm_t comm) noexcept override;
 
   const ncclRedOp_t op_;
   const ncclDataType_t dtype_;

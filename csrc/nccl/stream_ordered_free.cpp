@@ -61,7 +61,7 @@ void freeNow(void* ptr, int device) {
   // Registrations first: NCCL must not keep a handle to an address that a
   // later allocation may reuse.
   forgetAllocation(ptr);
-  NCCL_CORE_WARN(nccl().memFree(ptr));
+  NCCL_CORE_WARN(realNccl().memFree(ptr));
 }
 
 void synchronizeDevice(void* /*unused*/) {
@@ -119,7 +119,7 @@ struct Queue {
         (void)cudaEventDestroy(event);
       }
       forgetAllocation(entry.ptr);
-      (void)nccl().memFree(entry.ptr);
+      (void)realNccl().memFree(entry.ptr);
     }
   }
 };

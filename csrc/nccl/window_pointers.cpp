@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include "nccl/api.h"
+#include "nccl/communicator.h"
 #include "nccl/errors.h"
 #include "nccl/version.h"
 
@@ -77,7 +78,7 @@ uintptr_t lsaPointer(
 }
 
 bool windowAddressesReadable() {
-  return nccl().getLsaDevicePointer != nullptr ||
+  return realNccl().getLsaDevicePointer != nullptr ||
          detail::canReadLsaBasesOnDevice();
 }
 
@@ -91,7 +92,7 @@ bool everyPeerLoadStore(Communicator& comm) {
 
 std::vector<uintptr_t>
 lsaBases(Communicator& comm, ncclWindow_t window, int lsaSize) {
-  if (const auto query = nccl().getLsaDevicePointer) {
+  if (const auto query = comm.api().getLsaDevicePointer) {
     std::vector<uintptr_t> bases(lsaSize);
     for (int r = 0; r < lsaSize; ++r) {
       void* ptr = nullptr;
@@ -123,12 +124,13 @@ peerPointer(Communicator& comm, const Window& window, int peer, size_t offset) {
 }
 
 std::optional<uintptr_t> multimemPointer(const Window& window, size_t offset) {
-  const auto query = nccl().getLsaMultimemDevicePointer;
+  const ncclWindow_t handle = window.get(); // closed with its communicator
+  const auto query = window.communicator()->api().getLsaMultimemDevicePointer;
   if (!query) {
     refuseOldRuntime("multimem_pointer");
   }
   void* ptr = nullptr;
-  NCCL_CORE_CHECK(query(window.get(), offset, &ptr));
+  NCCL_CORE_CHECK(query(handle, offset, &ptr));
   if (ptr == nullptr) {
     return std::nullopt;
   }

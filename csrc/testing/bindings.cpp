@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "backend/ops/nan_check.h"
+#include "backend/options.h"
 #include "backend/runtime/event_pool.h"
 #include "backend/runtime/failure.h"
 #include "backend/runtime/flight_recorder.h"
@@ -135,7 +136,7 @@ class WatchdogUnderTest {
     const Watchdog::Enqueueing timed(watchdog_, "allreduce", seq, timeout);
     const Communicator::HostCall call(*comm_);
     comm_->check(
-        nccl().allReduce(
+        comm_->api().allReduce(
             nullptr, nullptr, 0, ncclFloat, ncclSum, call.handle(), nullptr),
         "ncclAllReduce");
   }
@@ -195,8 +196,9 @@ void bindFakeNccl(py::module_& testing) {
   py::class_<Fake>(
       testing,
       "FakeNccl",
-      "Installs a scripted NCCL until uninstall() (see fake_nccl.h); "
-      "communicators of the fake come from create_communicator.")
+      "A scripted NCCL (see fake_nccl.h), current until uninstall(): "
+      "communicators of it come from create_communicator, groups of it from "
+      "options it was injected into.")
       .def(
           py::init<bool, bool, bool, bool>(),
           py::arg("real_cuda") = false,
@@ -204,6 +206,14 @@ void bindFakeNccl(py::module_& testing) {
           py::arg("suspend") = true,
           py::arg("grow") = true)
       .def("uninstall", &Fake::uninstall)
+      .def(
+          "inject",
+          [](const Fake& fake, NcclCoreOptions& options) {
+            options.api = &fake.table();
+          },
+          py::arg("options"),
+          "Groups made with `options` call this fake; keep it alive until "
+          "they are destroyed.")
       .def("hold", &Fake::hold, py::arg("call"))
       .def("release", &Fake::release, py::arg("call"))
       .def("fail_next", &Fake::failNext, py::arg("call"), py::arg("result"))
@@ -225,7 +235,10 @@ void bindFakeNccl(py::module_& testing) {
         ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
         config.blocking = blocking ? 1 : 0;
         return Communicator::create(
-            nranks, rank, ncclUniqueId{}, 0, config, timeout, label);
+            nranks,
+            rank,
+            ncclUniqueId{},
+            {&FakeNccl::current().table(), 0, config, timeout, label});
       },
       py::arg("nranks"),
       py::arg("rank"),
@@ -271,15 +284,15 @@ void bindFakeNccl(py::module_& testing) {
   testing.def(
       "join",
       [](int newSize, int rank, std::chrono::milliseconds timeout) {
-        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
         return Communicator::create(
             newSize,
             rank,
             ncclUniqueId{},
-            0,
-            config,
-            timeout,
-            "group 'grown'",
+            {&FakeNccl::current().table(),
+             0,
+             NCCL_CONFIG_INITIALIZER,
+             timeout,
+             "group 'grown'"},
             nullptr,
             Communicator::Joining::Grow);
       },
@@ -296,7 +309,14 @@ void bindFakeNccl(py::module_& testing) {
          std::chrono::milliseconds timeout,
          const std::function<bool()>& abandon) {
         const ncclUniqueId id = rendezvous(
-            *store, prefix, rank, size, timeout, "group 'g'", abandon);
+            *store,
+            prefix,
+            rank,
+            size,
+            timeout,
+            "group 'g'",
+            [] { return Communicator::uniqueId(FakeNccl::current().table()); },
+            abandon);
         return std::vector<uint8_t>(id.internal, id.internal + sizeof(id));
       },
       py::arg("store"),
@@ -367,7 +387,7 @@ void bindFakeNccl(py::module_& testing) {
       [](Communicator& comm, const std::string& call) {
         // Every collective and point-to-point entry the fake scripts, with
         // no buffers: it enqueues nothing.
-        const NcclApi& api = nccl();
+        const NcclApi& api = comm.api();
         const ncclComm_t c = comm.get();
         const auto f = ncclFloat;
         const std::unordered_map<std::string, std::function<ncclResult_t()>>

@@ -332,7 +332,6 @@ FakeNccl::FakeNccl(bool realCuda, bool revoke, bool suspend, bool grow) {
   TORCH_CHECK(
       installedFake.compare_exchange_strong(expected, this),
       "a FakeNccl is installed already");
-  installNcclApi(&table_);
 }
 
 FakeNccl::~FakeNccl() {
@@ -341,9 +340,7 @@ FakeNccl::~FakeNccl() {
 
 void FakeNccl::uninstall() {
   FakeNccl* expected = this;
-  if (installedFake.compare_exchange_strong(expected, nullptr)) {
-    installNcclApi(nullptr);
-  }
+  installedFake.compare_exchange_strong(expected, nullptr);
 }
 
 FakeNccl& FakeNccl::current() {

@@ -1,4 +1,5 @@
-// A scripted NCCL for CPU tests, installed as the NcclApi table (api.h):
+// A scripted NCCL for CPU tests, an NcclApi table (api.h) that communicators
+// are made with (create_communicator, or a group's injected options):
 // communicators are host objects, a call can be held inside NCCL (a blocking
 // communicator's thread waits until released or revoked; a nonblocking one's
 // call stays ncclInProgress) or made to fail, and misuse that would crash real
@@ -23,7 +24,8 @@ namespace nccl_core {
 
 class FakeNccl {
  public:
-  // Installs the fake; one at a time. With `realCuda` the CUDA runtime calls
+  // Makes the fake the current one (its entry points are plain functions
+  // that find it: one at a time). With `realCuda` the CUDA runtime calls
   // of the table stay the runtime's (on a GPU: the watchdog's thread-local
   // capture mode must hold while another thread captures a CUDA graph).
   // Without `revoke` the table has no ncclCommRevoke (NCCL < 2.28.7), without
@@ -37,11 +39,16 @@ class FakeNccl {
       bool grow = true);
   FakeNccl(const FakeNccl&) = delete;
   FakeNccl& operator=(const FakeNccl&) = delete;
-  // Reinstalls NCCL's own table.
   ~FakeNccl();
-  // Reinstalls NCCL's own table now, not whenever Python frees the fake (a
-  // traceback cycle can keep it alive); idempotent.
+  // Stops being the current fake now, not whenever Python frees it (a
+  // traceback cycle can keep it alive); idempotent. Its communicators must be
+  // gone by then.
   void uninstall();
+
+  // The table to make communicators with.
+  const NcclApi& table() const {
+    return table_;
+  }
 
   // Calls of `call` ("ncclCommSplit", ...) wait inside NCCL until released.
   void hold(const std::string& call);

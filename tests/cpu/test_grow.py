@@ -25,17 +25,24 @@ def create(rank: int = 0, size: int = 2):
     return testing.create_communicator(size, rank, timedelta(seconds=5), True, "group 'g'")
 
 
-def join(store, rank: int, size: int, timeout_s: float = 5.0):
+def on(fake) -> torch_nccl_core.Options:
+    """Options whose groups call `fake`."""
+    options = torch_nccl_core.Options()
+    fake.inject(options)
+    return options
+
+
+def join(fake, store, rank: int, size: int, timeout_s: float = 5.0):
     return _C.NcclCoreBackend._join(
-        store, rank, size, NAME, torch_nccl_core.Options(), timedelta(seconds=timeout_s), 0
+        store, rank, size, NAME, on(fake), timedelta(seconds=timeout_s), 0
     )
 
 
 @pytest.fixture
-def group(tmp_path):
-    """A one-rank nccl_core backend (no communicator until its first op)."""
+def group(fake, tmp_path):
+    """A one-rank nccl_core backend on the fake (no communicator until its first op)."""
     store = dist.FileStore(str(tmp_path / "store"), 1)
-    backend = _C.NcclCoreBackend(store, 0, 1, "g", torch_nccl_core.Options(), timedelta(seconds=5))
+    backend = _C.NcclCoreBackend(store, 0, 1, "g", on(fake), timedelta(seconds=5))
     yield backend
     backend.shutdown()
 
@@ -105,7 +112,7 @@ def test_without_ncclcommgrow_grow_and_join_refuse_naming_the_nccl_needed(fake):
     with pytest.raises(NotImplementedError, match=needs):
         testing.grow(comm, 4, True)
     with pytest.raises(NotImplementedError, match=needs):
-        join(store, 2, 4)
+        join(fake, store, 2, 4)
     assert fake.calls("ncclCommGrow") == 0 and not comm.is_aborted
     testing.abort(comm)
 
@@ -132,7 +139,7 @@ def test_join_refuses_a_rank_the_growing_group_has(fake):
         match=r"rank 1 is a rank of the growing group already \(ranks 0 to 1\); a joining "
         r"process takes one of ranks 2 to 3",
     ):
-        join(store, 1, 4)
+        join(fake, store, 1, 4)
     assert fake.calls("ncclCommGrow") == 0
 
 
@@ -140,7 +147,7 @@ def test_join_refuses_a_size_the_group_does_not_grow_to(fake):
     store = dist.HashStore()
     store.set(PLAN, "2 4")
     with pytest.raises(ValueError, match="size 5 differs from the 4 ranks the group grows to"):
-        join(store, 4, 5)
+        join(fake, store, 4, 5)
 
 
 def test_join_refuses_a_rank_another_process_took(fake):
@@ -148,7 +155,7 @@ def test_join_refuses_a_rank_another_process_took(fake):
     store.set(PLAN, "2 4")
     store.add("nccl_core/grow/joined/3", 1)
     with pytest.raises(ValueError, match=r"rank 3 of group '.*' was taken by another joining"):
-        join(store, 3, 4)
+        join(fake, store, 3, 4)
 
 
 def test_join_without_a_growing_group_ends_at_its_timeout(fake):
@@ -156,7 +163,7 @@ def test_join_without_a_growing_group_ends_at_its_timeout(fake):
     with pytest.raises(
         dist.DistBackendError, match=r"no group grew into group '.*' within the timeout \(200 ms\)"
     ):
-        join(dist.HashStore(), 2, 4, timeout_s=0.2)
+        join(fake, dist.HashStore(), 2, 4, timeout_s=0.2)
     assert time.monotonic() - start < 2.0
 
 

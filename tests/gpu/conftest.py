@@ -32,7 +32,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from .helpers import WORLD_SIZE, local_device, window_refusal
+from .helpers import WORLD_SIZE, local_device, owned_group, window_refusal
 
 GPU_DIR = pathlib.Path(__file__).resolve().parent
 SKIP_REASON = "needs torchrun --nproc-per-node=N and a GPU; see README"
@@ -215,6 +215,4 @@ def fresh_group(_distributed) -> Iterator[dist.ProcessGroup]:
     accepts (a receive nobody sends to) hangs only this group, and the watchdog turns that into
     an error within seconds instead of stalling the rest of the suite.
     """
-    group = dist.new_group(backend="nccl_core", timeout=timedelta(seconds=10))
-    yield group
-    dist.destroy_process_group(group)
+    yield from owned_group(dist.new_group(backend="nccl_core", timeout=timedelta(seconds=10)))

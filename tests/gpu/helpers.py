@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 import torch
@@ -260,6 +260,17 @@ def profiled_kernels(call: Callable[[], object]) -> list[str]:
     return [event.name for event in prof.events()]
 
 
+def new_core_group(**options: object) -> dist.ProcessGroup:
+    """A new nccl_core group over every rank, with these torch_nccl_core.Options."""
+    return dist.new_group(backend="nccl_core", pg_options=torch_nccl_core.Options(**options))
+
+
+def owned_group(group: dist.ProcessGroup) -> Iterator[dist.ProcessGroup]:
+    """The body of a fixture that owns `group`: `yield from` it to destroy the group after use."""
+    yield group
+    dist.destroy_process_group(group)
+
+
 def complete(work: dist.Work | None, async_op: bool) -> None:
     """Finish a torch.distributed call: wait on its Work when async, expect none when sync."""
     if async_op:
@@ -267,6 +278,27 @@ def complete(work: dist.Work | None, async_op: bool) -> None:
         work.wait()
     else:
         assert work is None, f"a sync call returned {work!r}"
+
+
+def run_reduce_scatter(
+    group: dist.ProcessGroup | None,
+    numel: int,
+    dtype: torch.dtype,
+    rank: int,
+    op: str = "sum",
+    *,
+    salt: int = 0,
+    async_op: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Runs one reduce_scatter_tensor of `numel` output elements; returns (output, expected)."""
+    inputs = all_ranks(numel * WORLD_SIZE, dtype, salt=salt)
+    expected = reference_reduce(inputs, op)[rank * numel : (rank + 1) * numel]
+    output = poisoned(expected)
+    work = dist.reduce_scatter_tensor(
+        output, inputs[rank], op=make_reduce_op(op, dtype), group=group, async_op=async_op
+    )
+    complete(work, async_op)
+    return output, expected
 
 
 def raised_by(call: Callable[[], object]) -> BaseException | None:

@@ -39,6 +39,7 @@ from .helpers import (
     reduce_cases,
     reference_reduce,
     require_dtype,
+    run_reduce_scatter,
 )
 
 REDUCE_CASES = reduce_cases()
@@ -83,13 +84,7 @@ def test_reduce(rank, op, dtype, numel, root, async_op):
 @pytest.mark.parametrize("async_op", ASYNC_MODES)
 @pytest.mark.parametrize(("op", "dtype", "numel"), REDUCE_CASES)
 def test_reduce_scatter_tensor(rank, op, dtype, numel, async_op):
-    inputs = all_ranks(numel * WORLD_SIZE, dtype)
-    expected = reference_reduce(inputs, op)[rank * numel : (rank + 1) * numel]
-    output = poisoned(expected)
-    work = dist.reduce_scatter_tensor(
-        output, inputs[rank], op=make_reduce_op(op, dtype), async_op=async_op
-    )
-    complete(work, async_op)
+    output, expected = run_reduce_scatter(None, numel, dtype, rank, op, async_op=async_op)
     assert_equal(output, expected)
 
 

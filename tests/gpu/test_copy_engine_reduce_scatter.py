@@ -23,18 +23,18 @@ from .helpers import (
     all_ranks,
     assert_equal,
     assert_raised,
-    complete,
     load_store_reachable,
-    make_reduce_op,
     needs_ranks,
+    new_core_group,
     one_sided_refusal,
-    poisoned,
+    owned_group,
     profiled_kernels,
     raised_by,
     rank_tensor,
     reduce_cases,
     reference_reduce,
     ring_peers,
+    run_reduce_scatter,
 )
 
 MIB = 1 << 20
@@ -44,39 +44,24 @@ FIVE_CHUNKS = (128 * MIB) // 4 + 3
 
 
 def _group(copy_engine: bool | None) -> dist.ProcessGroup:
-    options = torch_nccl_core.Options(copy_engine_reduce_scatter=copy_engine)
-    return dist.new_group(backend="nccl_core", pg_options=options)
+    return new_core_group(copy_engine_reduce_scatter=copy_engine)
 
 
 @pytest.fixture(scope="module")
 def always():
-    group = _group(True)
-    yield group
-    dist.destroy_process_group(group)
-
-
-def _reduce_scatter(group, numel, dtype, rank, op="sum", *, salt=0, async_op=False):
-    """Runs one reduce-scatter of `numel` output elements; returns (output, expected)."""
-    inputs = all_ranks(numel * WORLD_SIZE, dtype, salt=salt)
-    expected = reference_reduce(inputs, op)[rank * numel : (rank + 1) * numel]
-    output = poisoned(expected)
-    work = dist.reduce_scatter_tensor(
-        output, inputs[rank], op=make_reduce_op(op, dtype), group=group, async_op=async_op
-    )
-    complete(work, async_op)
-    return output, expected
+    yield from owned_group(_group(True))
 
 
 @pytest.mark.parametrize("async_op", ASYNC_MODES)
 @pytest.mark.parametrize(("op", "dtype", "numel"), reduce_cases())
 def test_every_op_dtype_and_size(rank, always, op, dtype, numel, async_op):
-    output, expected = _reduce_scatter(always, numel, dtype, rank, op, async_op=async_op)
+    output, expected = run_reduce_scatter(always, numel, dtype, rank, op, async_op=async_op)
     assert_equal(output, expected)
 
 
 def test_ops_spanning_many_slots_in_a_row(rank, always):
     results = [
-        _reduce_scatter(always, FIVE_CHUNKS, torch.float32, rank, salt=salt) for salt in range(3)
+        run_reduce_scatter(always, FIVE_CHUNKS, torch.float32, rank, salt=salt) for salt in range(3)
     ]
     for output, expected in results:
         assert_equal(output, expected)
@@ -86,7 +71,7 @@ def _profiled_reduce_scatter(group, numel: int, rank: int) -> tuple[list[str], b
     """The kernels one reduce-scatter ran, and whether its result was right."""
     results = []
     kernels = profiled_kernels(
-        lambda: results.append(_reduce_scatter(group, numel, torch.float32, rank))
+        lambda: results.append(run_reduce_scatter(group, numel, torch.float32, rank))
     )
     output, expected = results[0]
     return kernels, bool(torch.equal(output, expected))
@@ -129,10 +114,10 @@ def test_by_default_from_the_measured_size(rank):
 def test_between_other_collectives_on_a_side_stream(rank, always):
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        first, first_expected = _reduce_scatter(always, 4097, torch.float32, rank, salt=1)
+        first, first_expected = run_reduce_scatter(always, 4097, torch.float32, rank, salt=1)
         summed = rank_tensor(4097, torch.float32, rank)
         dist.all_reduce(summed, group=always)
-        second, second_expected = _reduce_scatter(
+        second, second_expected = run_reduce_scatter(
             always, 4097, torch.float32, rank, salt=2, async_op=True
         )
     side.synchronize()
@@ -152,14 +137,14 @@ def test_user_signals_are_not_taken_by_it(rank, world_size, always, windows):
     refusal = one_sided_refusal(always)
     if refusal is not None:  # across nodes without NCCL's one-sided API: refused, no copy engine
         error = raised_by(lambda: comm.put_signal(source, peer, window))
-        output, expected = _reduce_scatter(always, 4097, torch.float32, rank)
+        output, expected = run_reduce_scatter(always, 4097, torch.float32, rank)
         torch.cuda.synchronize()
         window.close()
         assert_raised(error, NotImplementedError, refusal)
         assert_equal(output, expected)
         return
     comm.put_signal(source, peer, window)
-    output, expected = _reduce_scatter(always, 4097, torch.float32, rank)
+    output, expected = run_reduce_scatter(always, 4097, torch.float32, rank)
     comm.wait_signal(torch_nccl_core.WaitSignalDesc(previous))
     torch.cuda.synchronize()
     received = window_memory.clone()

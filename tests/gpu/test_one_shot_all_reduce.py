@@ -23,6 +23,8 @@ from .helpers import (
     assert_equal,
     complete,
     make_reduce_op,
+    new_core_group,
+    owned_group,
     profiled_kernels,
     rank_tensor,
     reduce_cases,
@@ -34,15 +36,12 @@ LIMIT = 256 << 10  # bytes: OneShotAllReduce::kMaxBytes
 
 
 def _group(one_shot: bool | None) -> dist.ProcessGroup:
-    options = torch_nccl_core.Options(one_shot_all_reduce=one_shot)
-    return dist.new_group(backend="nccl_core", pg_options=options)
+    return new_core_group(one_shot_all_reduce=one_shot)
 
 
 @pytest.fixture(scope="module")
 def one_shot():
-    group = _group(True)
-    yield group
-    dist.destroy_process_group(group)
+    yield from owned_group(_group(True))
 
 
 @pytest.fixture(scope="module")

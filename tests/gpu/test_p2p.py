@@ -25,14 +25,22 @@ from .helpers import (
 BATCH = [(torch.float32, 4097), (torch.int8, 1), (torch.bfloat16, 0), (torch.int64, 1023)]
 
 
-@needs_ranks(2)  # a rank's own send and recv are two calls that cannot meet
-@pytest.mark.parametrize(("dtype", "numel"), dtype_cases(COPY_DTYPES))
-def test_send_recv(rank, dtype, numel):
+def _ring_pair(
+    rank: int, dtype: torch.dtype, numel: int
+) -> tuple[int, int, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(next, previous, sent, received, expected) of one tensor passed round the ring; skips
+    dtypes the backend does not support."""
     require_dtype(dtype)
     after, before = ring_peers(rank)
     expected = rank_tensor(numel, dtype, before)
     received = poisoned(expected)
-    mine = rank_tensor(numel, dtype, rank)
+    return after, before, rank_tensor(numel, dtype, rank), received, expected
+
+
+@needs_ranks(2)  # a rank's own send and recv are two calls that cannot meet
+@pytest.mark.parametrize(("dtype", "numel"), dtype_cases(COPY_DTYPES))
+def test_send_recv(rank, dtype, numel):
+    after, before, mine, received, expected = _ring_pair(rank, dtype, numel)
     # even ranks send first, odd ranks receive first, so the ring never waits all the way round
     if rank % 2 == 0:
         dist.send(mine, dst=after)
@@ -47,11 +55,7 @@ def test_send_recv(rank, dtype, numel):
 @needs_ranks(2)
 @pytest.mark.parametrize(("dtype", "numel"), dtype_cases(COPY_DTYPES))
 def test_isend_irecv(rank, dtype, numel):
-    require_dtype(dtype)
-    after, before = ring_peers(rank)
-    expected = rank_tensor(numel, dtype, before)
-    received = poisoned(expected)
-    mine = rank_tensor(numel, dtype, rank)
+    after, before, mine, received, expected = _ring_pair(rank, dtype, numel)
     # opposite orders on even and odd ranks, so the ring never waits all the way round
     if rank % 2 == 0:
         works = [dist.isend(mine, dst=after), dist.irecv(received, src=before)]

@@ -67,8 +67,8 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::broadcast(
       OpCall::of(c10d::OpType::BROADCAST, kOp, tensor, opts),
       {tensor},
       {},
-      [&](ncclComm_t comm, cudaStream_t stream) {
-        return nccl().broadcast(
+      [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
+        return api.broadcast(
             buf.ptr, buf.ptr, buf.count, buf.dtype, root, comm, stream);
       },
       options);
@@ -89,8 +89,8 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce(
       OpCall::of(c10d::OpType::ALLREDUCE, kOp, tensor, opts),
       {tensor},
       withFactor({}, op),
-      [&](ncclComm_t comm, cudaStream_t stream) {
-        return nccl().allReduce(
+      [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
+        return api.allReduce(
             buf.ptr, buf.ptr, buf.count, buf.dtype, op.get(), comm, stream);
       },
       options);
@@ -120,18 +120,17 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce_coalesced(
       OpCall::of(c10d::OpType::ALLREDUCE_COALESCED, kOp, tensors.front(), opts),
       tensors,
       factors,
-      [&](ncclComm_t comm, cudaStream_t stream) {
-        NcclGroup group;
+      [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
+        NcclGroup group(api);
         for (size_t i = 0; i < bufs.size(); ++i) {
-          NCCL_CORE_CHECK(
-              nccl().allReduce(
-                  bufs[i].ptr,
-                  bufs[i].ptr,
-                  bufs[i].count,
-                  bufs[i].dtype,
-                  ops[i]->get(),
-                  comm,
-                  stream));
+          NCCL_CORE_CHECK(api.allReduce(
+              bufs[i].ptr,
+              bufs[i].ptr,
+              bufs[i].count,
+              bufs[i].dtype,
+              ops[i]->get(),
+              comm,
+              stream));
         }
         return group.end();
       });
@@ -153,8 +152,8 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce(
       OpCall::of(c10d::OpType::REDUCE, kOp, tensor, opts),
       {tensor},
       withFactor({}, op),
-      [&](ncclComm_t comm, cudaStream_t stream) {
-        return nccl().reduce(
+      [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
+        return api.reduce(
             buf.ptr,
             buf.ptr,
             buf.count,
@@ -189,14 +188,13 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather(
       OpCall::of(c10d::OpType::ALLGATHER, kOp, input, opts),
       list,
       {input},
-      [&](ncclComm_t comm, cudaStream_t stream) {
-        NcclGroup group;
+      [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
+        NcclGroup group(api);
         for (int r = 0; r < getSize(); ++r) {
           const NcclBuffer out = bytesOf(list[r]);
           const void* send = r == getRank() ? input.data_ptr() : out.ptr;
-          NCCL_CORE_CHECK(
-              nccl().broadcast(
-                  send, out.ptr, out.count, out.dtype, r, comm, stream));
+          NCCL_CORE_CHECK(api.broadcast(
+              send, out.ptr, out.count, out.dtype, r, comm, stream));
         }
         return group.end();
       });
@@ -217,8 +215,8 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::_allgather_base(
       OpCall::of(c10d::OpType::_ALLGATHER_BASE, kOp, input, opts),
       {output},
       {input},
-      [&](ncclComm_t comm, cudaStream_t stream) {
-        return nccl().allGather(in.ptr, out, in.count, in.dtype, comm, stream);
+      [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
+        return api.allGather(in.ptr, out, in.count, in.dtype, comm, stream);
       },
       LaunchOptions::routed());
 }
@@ -257,15 +255,14 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather_coalesced(
       OpCall::of(c10d::OpType::ALLGATHER_COALESCED, kOp, inputs.front(), opts),
       outputs,
       inputs,
-      [&](ncclComm_t comm, cudaStream_t stream) {
-        NcclGroup group;
+      [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
+        NcclGroup group(api);
         for (int r = 0; r < getSize(); ++r) {
           for (size_t i = 0; i < inputs.size(); ++i) {
             const NcclBuffer out = bytesOf(outputLists[r][i]);
             const void* send = r == getRank() ? inputs[i].data_ptr() : out.ptr;
-            NCCL_CORE_CHECK(
-                nccl().broadcast(
-                    send, out.ptr, out.count, out.dtype, r, comm, stream));
+            NCCL_CORE_CHECK(api.broadcast(
+                send, out.ptr, out.count, out.dtype, r, comm, stream));
           }
         }
         return group.end();
@@ -294,18 +291,12 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather_into_tensor_coalesced(
       OpCall::of(c10d::OpType::COALESCED, kOp, inputs.front(), opts),
       outputs,
       inputs,
-      [&](ncclComm_t comm, cudaStream_t stream) {
-        NcclGroup group;
+      [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
+        NcclGroup group(api);
         for (size_t i = 0; i < inputs.size(); ++i) {
           const NcclBuffer in = bytesOf(inputs[i]);
-          NCCL_CORE_CHECK(
-              nccl().allGather(
-                  in.ptr,
-                  outputs[i].data_ptr(),
-                  in.count,
-                  in.dtype,
-                  comm,
-                  stream));
+          NCCL_CORE_CHECK(api.allGather(
+              in.ptr, outputs[i].data_ptr(), in.count, in.dtype, comm, stream));
         }
         return group.end();
       });
@@ -332,20 +323,12 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter(
       OpCall::of(c10d::OpType::REDUCE_SCATTER, kOp, output, opts),
       {output},
       withFactor(list, op),
-      [&](ncclComm_t comm, cudaStream_t stream) {
-        NcclGroup group;
+      [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
+        NcclGroup group(api);
         for (int r = 0; r < getSize(); ++r) {
           const NcclBuffer in = bufferOf(list[r], kOp);
-          NCCL_CORE_CHECK(
-              nccl().reduce(
-                  in.ptr,
-                  out.ptr,
-                  in.count,
-                  in.dtype,
-                  op.get(),
-                  r,
-                  comm,
-                  stream));
+          NCCL_CORE_CHECK(api.reduce(
+              in.ptr, out.ptr, in.count, in.dtype, op.get(), r, comm, stream));
         }
         return group.end();
       });
@@ -369,8 +352,8 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::_reduce_scatter_base(
       OpCall::of(c10d::OpType::_REDUCE_SCATTER_BASE, kOp, input, opts),
       {output},
       withFactor({input}, op),
-      [&](ncclComm_t comm, cudaStream_t stream) {
-        return nccl().reduceScatter(
+      [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
+        return api.reduceScatter(
             in, out.ptr, out.count, out.dtype, op.get(), comm, stream);
       },
       options);
@@ -404,19 +387,18 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter_tensor_coalesced(
       OpCall::of(c10d::OpType::COALESCED, kOp, inputs.front(), opts),
       outputs,
       stash,
-      [&](ncclComm_t comm, cudaStream_t stream) {
-        NcclGroup group;
+      [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
+        NcclGroup group(api);
         for (size_t i = 0; i < inputs.size(); ++i) {
           const NcclBuffer out = bufferOf(outputs[i], kOp);
-          NCCL_CORE_CHECK(
-              nccl().reduceScatter(
-                  inputs[i].data_ptr(),
-                  out.ptr,
-                  out.count,
-                  out.dtype,
-                  ops[i]->get(),
-                  comm,
-                  stream));
+          NCCL_CORE_CHECK(api.reduceScatter(
+              inputs[i].data_ptr(),
+              out.ptr,
+              out.count,
+              out.dtype,
+              ops[i]->get(),
+              comm,
+              stream));
         }
         return group.end();
       });
@@ -441,8 +423,8 @@ NcclCoreBackend::barrier(const c10d::BarrierOptions& opts) {
       OpCall{c10d::OpType::BARRIER, "barrier", device, true, opts.timeout},
       {},
       {barrierToken_},
-      [&](ncclComm_t comm, cudaStream_t stream) {
-        return nccl().allReduce(
+      [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
+        return api.allReduce(
             token, token, 1, ncclFloat32, ncclSum, comm, stream);
       },
       options);

@@ -15,21 +15,23 @@ namespace {
 
 // Point-to-point ops move bytes: any dtype works.
 ncclResult_t sendBytes(
+    const NcclApi& api,
     const void* ptr,
     size_t bytes,
     int peer,
     ncclComm_t comm,
     cudaStream_t stream) {
-  return nccl().send(ptr, bytes, ncclUint8, peer, comm, stream);
+  return api.send(ptr, bytes, ncclUint8, peer, comm, stream);
 }
 
 ncclResult_t recvBytes(
+    const NcclApi& api,
     void* ptr,
     size_t bytes,
     int peer,
     ncclComm_t comm,
     cudaStream_t stream) {
-  return nccl().recv(ptr, bytes, ncclUint8, peer, comm, stream);
+  return api.recv(ptr, bytes, ncclUint8, peer, comm, stream);
 }
 
 // A gather (`toRoot`) or a scatter: the root moves list[r] from or to rank
@@ -40,14 +42,20 @@ struct RootExchange {
   at::Tensor mine;
   bool toRoot;
 
-  ncclResult_t
-  enqueue(int rank, int size, ncclComm_t comm, cudaStream_t stream) const {
-    NcclGroup group;
+  ncclResult_t enqueue(
+      const NcclApi& api,
+      int rank,
+      int size,
+      ncclComm_t comm,
+      cudaStream_t stream) const {
+    NcclGroup group(api);
     if (rank != root) {
       NCCL_CORE_CHECK(
           toRoot
-              ? sendBytes(mine.data_ptr(), mine.nbytes(), root, comm, stream)
-              : recvBytes(mine.data_ptr(), mine.nbytes(), root, comm, stream));
+              ? sendBytes(
+                    api, mine.data_ptr(), mine.nbytes(), root, comm, stream)
+              : recvBytes(
+                    api, mine.data_ptr(), mine.nbytes(), root, comm, stream));
       return group.end();
     }
     for (int r = 0; r < size; ++r) {
@@ -61,8 +69,8 @@ struct RootExchange {
             stream));
       } else {
         NCCL_CORE_CHECK(
-            toRoot ? recvBytes(theirs, list[r].nbytes(), r, comm, stream)
-                   : sendBytes(theirs, list[r].nbytes(), r, comm, stream));
+            toRoot ? recvBytes(api, theirs, list[r].nbytes(), r, comm, stream)
+                   : sendBytes(api, theirs, list[r].nbytes(), r, comm, stream));
       }
     }
     return group.end();
@@ -211,9 +219,9 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::send(
           c10d::OpType::SEND, kOp, tensor.device(), true, c10d::kUnsetTimeout},
       {},
       {tensor},
-      [&](ncclComm_t comm, cudaStream_t stream) {
+      [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
         return sendBytes(
-            tensor.data_ptr(), tensor.nbytes(), dstRank, comm, stream);
+            api, tensor.data_ptr(), tensor.nbytes(), dstRank, comm, stream);
       },
       LaunchOptions::withPeer(dstRank));
 }
@@ -240,9 +248,9 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::recv(
           c10d::OpType::RECV, kOp, tensor.device(), true, c10d::kUnsetTimeout},
       {tensor},
       {},
-      [&](ncclComm_t comm, cudaStream_t stream) {
+      [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
         return recvBytes(
-            tensor.data_ptr(), tensor.nbytes(), srcRank, comm, stream);
+            api, tensor.data_ptr(), tensor.nbytes(), srcRank, comm, stream);
       },
       LaunchOptions::withPeer(srcRank));
 }
@@ -277,8 +285,8 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::gather(
       OpCall::of(c10d::OpType::GATHER, kOp, input, opts),
       exchange.list,
       {input},
-      [&](ncclComm_t comm, cudaStream_t stream) {
-        return exchange.enqueue(getRank(), getSize(), comm, stream);
+      [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
+        return exchange.enqueue(api, getRank(), getSize(), comm, stream);
       });
 }
 
@@ -302,8 +310,8 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::scatter(
       OpCall::of(c10d::OpType::SCATTER, kOp, output, opts),
       {output},
       exchange.list,
-      [&](ncclComm_t comm, cudaStream_t stream) {
-        return exchange.enqueue(getRank(), getSize(), comm, stream);
+      [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
+        return exchange.enqueue(api, getRank(), getSize(), comm, stream);
       });
 }
 
@@ -326,14 +334,15 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::alltoall_base(
       OpCall::of(c10d::OpType::ALLTOALL_BASE, kOp, input, opts),
       {output},
       {input},
-      [&](ncclComm_t comm, cudaStream_t stream) {
-        NcclGroup group;
+      [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
+        NcclGroup group(api);
         auto* in = static_cast<const char*>(input.data_ptr());
         auto* out = static_cast<char*>(output.data_ptr());
         for (int r = 0; r < getSize(); ++r) {
-          NCCL_CORE_CHECK(sendBytes(in, sendCounts[r] * elem, r, comm, stream));
           NCCL_CORE_CHECK(
-              recvBytes(out, recvCounts[r] * elem, r, comm, stream));
+              sendBytes(api, in, sendCounts[r] * elem, r, comm, stream));
+          NCCL_CORE_CHECK(
+              recvBytes(api, out, recvCounts[r] * elem, r, comm, stream));
           in += sendCounts[r] * elem;
           out += recvCounts[r] * elem;
         }
@@ -357,13 +366,18 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::alltoall(
       OpCall::of(c10d::OpType::ALLTOALL, kOp, inputs.front(), opts),
       outputs,
       inputs,
-      [&](ncclComm_t comm, cudaStream_t stream) {
-        NcclGroup group;
+      [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
+        NcclGroup group(api);
         for (int r = 0; r < getSize(); ++r) {
           NCCL_CORE_CHECK(sendBytes(
-              inputs[r].data_ptr(), inputs[r].nbytes(), r, comm, stream));
+              api, inputs[r].data_ptr(), inputs[r].nbytes(), r, comm, stream));
           NCCL_CORE_CHECK(recvBytes(
-              outputs[r].data_ptr(), outputs[r].nbytes(), r, comm, stream));
+              api,
+              outputs[r].data_ptr(),
+              outputs[r].nbytes(),
+              r,
+              comm,
+              stream));
         }
         return group.end();
       });

@@ -124,7 +124,7 @@ void NcclReduceOp::usePreMulSum(
           : at::full({1}, premul->double_factor, tensor.options().dtype(real));
   const Communicator::Use use = comm.use();
   comm.check(
-      nccl().redOpCreatePreMulSum(
+      comm.api().redOpCreatePreMulSum(
           &op_,
           factor_.data_ptr(),
           bufferOf(factor_, opName).dtype,

@@ -45,7 +45,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::runWindowOp(
       OpCall{c10d::OpType::UNKNOWN, name, device, asyncOp, timeout},
       {},
       std::move(inputs),
-      [&](ncclComm_t, cudaStream_t stream) {
+      [&](const NcclApi&, ncclComm_t, cudaStream_t stream) {
         enqueue(stream);
         return ncclSuccess;
       },

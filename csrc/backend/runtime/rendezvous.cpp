@@ -129,8 +129,8 @@ ncclUniqueId rendezvous(
     int size,
     std::chrono::milliseconds timeout,
     const std::string& label,
-    const std::function<bool()>& abandon,
-    const std::function<ncclUniqueId()>& makeId) {
+    const std::function<ncclUniqueId()>& makeId,
+    const std::function<bool()>& abandon) {
   std::vector<int> ranks(size);
   std::iota(ranks.begin(), ranks.end(), 0);
   meet(store, prefix, rank, ranks, 0, timeout, label, abandon);
@@ -138,11 +138,7 @@ ncclUniqueId rendezvous(
   if (rank == 0) { // only now: an id made for a meeting given up would leave
                    // NCCL's bootstrap root waiting on rank 0
     try {
-      if (makeId) {
-        id = makeId();
-      } else {
-        NCCL_CORE_CHECK(nccl().getUniqueId(&id));
-      }
+      id = makeId();
     } catch (const std::exception& e) {
       // The others wait for the id: they learn why none comes. Never the
       // length of an id.

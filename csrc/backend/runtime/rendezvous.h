@@ -37,8 +37,8 @@ int64_t meet(
     const std::function<bool()>& abandon = {});
 
 // The meeting of ranks 0 to `size` - 1 before a new communicator; then its
-// unique id, made by rank 0 once the meeting went ahead: `makeId`
-// (ncclCommGetUniqueId for a grow), ncclGetUniqueId without one.
+// unique id, made by rank 0 once the meeting went ahead (`makeId`:
+// Communicator::uniqueId, or growId for a grow).
 ncclUniqueId rendezvous(
     c10d::Store& store,
     const std::string& prefix,
@@ -46,8 +46,8 @@ ncclUniqueId rendezvous(
     int size,
     std::chrono::milliseconds timeout,
     const std::string& label,
-    const std::function<bool()>& abandon = {},
-    const std::function<ncclUniqueId()>& makeId = {});
+    const std::function<ncclUniqueId()>& makeId,
+    const std::function<bool()>& abandon = {});
 
 // Rank 0, once the communicator exists (every rank is past the meeting):
 // removes its keys from the store.

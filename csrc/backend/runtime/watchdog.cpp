@@ -200,8 +200,8 @@ void Watchdog::run() {
   // Event queries are "unsafe" calls under another thread's global-mode
   // capture: in the default mode they would invalidate that capture.
   cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
-  C10_CUDA_CHECK_WARN(nccl().exchangeStreamCaptureMode(&mode));
-  C10_CUDA_CHECK_WARN(nccl().setDevice(comm_->device()));
+  C10_CUDA_CHECK_WARN(comm_->api().exchangeStreamCaptureMode(&mode));
+  C10_CUDA_CHECK_WARN(comm_->api().setDevice(comm_->device()));
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
     wake_.wait_for(lock, kPollInterval);
@@ -296,7 +296,7 @@ bool Watchdog::failedAsynchronously(
       "NCCL reported an asynchronous error: ",
       resultName(asyncError),
       " (",
-      nccl().getErrorString(asyncError),
+      comm_->api().getErrorString(asyncError),
       "); NCCL's last message: ",
       comm_->lastError());
   if (!head && !oldestSync) {
