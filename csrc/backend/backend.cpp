@@ -186,14 +186,9 @@ std::shared_ptr<Communicator> NcclCoreBackend::newCommunicator(
   // aborted one too: `started` then aborts it, and the others finish theirs.
   const NcclApi& api = *options_->api;
   const ncclUniqueId id = rendezvous(
-      *store_,
-      prefix,
-      rank,
-      size,
-      timeout_.load(),
-      label,
-      [&api] { return Communicator::uniqueId(api); },
-      abandon);
+      {*store_, prefix, timeout_.load(), label, abandon}, rank, size, [&api] {
+        return Communicator::uniqueId(api);
+      });
   auto comm = Communicator::create(
       size,
       rank,

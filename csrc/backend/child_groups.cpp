@@ -136,13 +136,13 @@ c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::shrink(
   // have seen the group fail yet.
   const std::string meeting = c10::str("shrink/", ++shrinks_);
   const int64_t failed = meet(
-      *store_,
-      storeKey(meeting.c_str()),
+      {*store_,
+       storeKey(meeting.c_str()),
+       timeout_.load(),
+       c10::str("group '", *groupName_, "'")},
       getRank(),
       members,
-      failure_->failed() ? 1 : 0,
-      timeout_.load(),
-      c10::str("group '", *groupName_, "'"));
+      failure_->failed() ? 1 : 0);
   if (failed > 0) {
     // The failed group's communicator was aborted with it, and NCCL could not
     // have shrunk it anyway: after a peer's death, ncclCommShrink's

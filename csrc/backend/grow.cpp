@@ -100,14 +100,10 @@ c10::intrusive_ptr<NcclCoreBackend> NcclCoreBackend::grow(
         bytesOf(c10::str(getSize(), " ", newSize, " ", timeout.count())));
   }
   const ncclUniqueId id = rendezvous(
-      *store,
-      kMeeting,
+      {*store, kMeeting, timeout, label, [this] { return failure_->failed(); }},
       getRank(),
       newSize,
-      timeout,
-      label,
-      [&parent] { return parent.growId(); },
-      [this] { return failure_->failed(); });
+      [&parent] { return parent.growId(); });
   std::shared_ptr<Communicator> comm;
   try {
     comm = parent.grow(
@@ -195,7 +191,7 @@ c10::intrusive_ptr<NcclCoreBackend> NcclCoreBackend::join(
   const std::chrono::milliseconds groupTimeout(plan.timeoutMs);
   // Never rank 0 (the growing group's): it makes no id.
   const ncclUniqueId id =
-      rendezvous(*store, kMeeting, rank, size, groupTimeout, label, [] {
+      rendezvous({*store, kMeeting, groupTimeout, label}, rank, size, [] {
         return ncclUniqueId{};
       });
   auto comm = Communicator::create(

@@ -47,4 +47,15 @@ class NcclGroup {
   bool open_ = true;
 };
 
+// The NCCL calls `call(i)` for i in [0, count), fused into one NCCL group (one
+// launch) that is closed on every exit path.
+template <typename Index, typename Call>
+ncclResult_t inOneGroup(const NcclApi& api, Index count, Call&& call) {
+  NcclGroup group(api);
+  for (Index i = 0; i < count; ++i) {
+    NCCL_CORE_CHECK(call(i));
+  }
+  return group.end();
+}
+
 } // namespace nccl_core

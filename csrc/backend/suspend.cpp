@@ -55,14 +55,14 @@ void NcclCoreBackend::agreeToGoAhead(const char* op, const std::string& mine) {
     return storeKey(c10::str(op, "/", n).c_str());
   };
   const int64_t refusing = meet(
-      *store_,
-      prefix(meeting),
+      {*store_,
+       prefix(meeting),
+       timeout_.load(),
+       c10::str("group '", *groupName_, "'"),
+       [this] { return failure_->failed(); }},
       getRank(),
       ranks,
-      mine.empty() ? 0 : 1,
-      timeout_.load(),
-      c10::str("group '", *groupName_, "'"),
-      [this] { return failure_->failed(); });
+      mine.empty() ? 0 : 1);
   if (getRank() == 0 && meeting > 1) {
     // Every rank is past the meeting before this one.
     leaveRendezvous(*store_, prefix(meeting - 1), getSize());

@@ -309,14 +309,9 @@ void bindFakeNccl(py::module_& testing) {
          std::chrono::milliseconds timeout,
          const std::function<bool()>& abandon) {
         const ncclUniqueId id = rendezvous(
-            *store,
-            prefix,
-            rank,
-            size,
-            timeout,
-            "group 'g'",
-            [] { return Communicator::uniqueId(FakeNccl::current().table()); },
-            abandon);
+            {*store, prefix, timeout, "group 'g'", abandon}, rank, size, [] {
+              return Communicator::uniqueId(FakeNccl::current().table());
+            });
         return std::vector<uint8_t>(id.internal, id.internal + sizeof(id));
       },
       py::arg("store"),
@@ -336,7 +331,7 @@ void bindFakeNccl(py::module_& testing) {
          const std::vector<int>& ranks,
          int64_t count,
          std::chrono::milliseconds timeout) {
-        return meet(*store, prefix, rank, ranks, count, timeout, "group 'g'");
+        return meet({*store, prefix, timeout, "group 'g'"}, rank, ranks, count);
       },
       py::arg("store"),
       py::arg("prefix"),

@@ -91,6 +91,19 @@ void checkOutput(
       ")");
 }
 
+void checkPaired(
+    const std::vector<at::Tensor>& outputs,
+    const std::vector<at::Tensor>& inputs,
+    const char* op) {
+  NCCL_CORE_CHECK_ARG(
+      !inputs.empty() && inputs.size() == outputs.size(),
+      op,
+      "expected as many outputs as inputs (at least one), got ",
+      outputs.size(),
+      " and ",
+      inputs.size());
+}
+
 void checkPerRankList(
     const std::vector<at::Tensor>& list,
     int worldSize,

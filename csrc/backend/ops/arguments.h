@@ -56,6 +56,12 @@ void checkPerRankList(
 
 void checkRank(int64_t rank, int worldSize, const char* op, const char* what);
 
+// A coalesced op's lists: one output per input, at least one.
+void checkPaired(
+    const std::vector<at::Tensor>& outputs,
+    const std::vector<at::Tensor>& inputs,
+    const char* op);
+
 // put_signal's arguments, checked: `peer` another rank of `comm`'s group,
 // `src` a CUDA tensor on its device that fits `peer`'s part of `window`
 // `offset` elements of `src` in.

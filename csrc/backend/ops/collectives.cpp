@@ -121,18 +121,17 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce_coalesced(
       tensors,
       factors,
       [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
-        NcclGroup group(api);
-        for (size_t i = 0; i < bufs.size(); ++i) {
-          NCCL_CORE_CHECK(api.allReduce(
-              bufs[i].ptr,
-              bufs[i].ptr,
-              bufs[i].count,
-              bufs[i].dtype,
+        return inOneGroup(api, bufs.size(), [&](size_t i) {
+          const NcclBuffer& buf = bufs[i];
+          return api.allReduce(
+              buf.ptr,
+              buf.ptr,
+              buf.count,
+              buf.dtype,
               ops[i]->get(),
               comm,
-              stream));
-        }
-        return group.end();
+              stream);
+        });
       });
 }
 
@@ -189,14 +188,12 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather(
       list,
       {input},
       [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
-        NcclGroup group(api);
-        for (int r = 0; r < getSize(); ++r) {
+        return inOneGroup(api, getSize(), [&](int r) {
           const NcclBuffer out = bytesOf(list[r]);
           const void* send = r == getRank() ? input.data_ptr() : out.ptr;
-          NCCL_CORE_CHECK(api.broadcast(
-              send, out.ptr, out.count, out.dtype, r, comm, stream));
-        }
-        return group.end();
+          return api.broadcast(
+              send, out.ptr, out.count, out.dtype, r, comm, stream);
+        });
       });
 }
 
@@ -256,16 +253,16 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather_coalesced(
       outputs,
       inputs,
       [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
-        NcclGroup group(api);
-        for (int r = 0; r < getSize(); ++r) {
-          for (size_t i = 0; i < inputs.size(); ++i) {
-            const NcclBuffer out = bytesOf(outputLists[r][i]);
-            const void* send = r == getRank() ? inputs[i].data_ptr() : out.ptr;
-            NCCL_CORE_CHECK(api.broadcast(
-                send, out.ptr, out.count, out.dtype, r, comm, stream));
-          }
-        }
-        return group.end();
+        // Rank r's inputs in order, for every rank r.
+        const size_t perRank = inputs.size();
+        return inOneGroup(api, getSize() * perRank, [&](size_t k) {
+          const int r = static_cast<int>(k / perRank);
+          const size_t i = k % perRank;
+          const NcclBuffer out = bytesOf(outputLists[r][i]);
+          const void* send = r == getRank() ? inputs[i].data_ptr() : out.ptr;
+          return api.broadcast(
+              send, out.ptr, out.count, out.dtype, r, comm, stream);
+        });
       });
 }
 
@@ -275,13 +272,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather_into_tensor_coalesced(
     const c10d::AllgatherOptions& opts) {
   const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "allgather_into_tensor_coalesced";
-  NCCL_CORE_CHECK_ARG(
-      !inputs.empty() && inputs.size() == outputs.size(),
-      kOp,
-      "expected as many outputs as inputs (at least one), got ",
-      outputs.size(),
-      " and ",
-      inputs.size());
+  checkPaired(outputs, inputs, kOp);
   for (size_t i = 0; i < inputs.size(); ++i) {
     const c10::DeviceIndex device = deviceForOp(inputs[i], kOp, "input");
     checkOutput(outputs[i], inputs[i], device, kOp);
@@ -292,13 +283,11 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather_into_tensor_coalesced(
       outputs,
       inputs,
       [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
-        NcclGroup group(api);
-        for (size_t i = 0; i < inputs.size(); ++i) {
+        return inOneGroup(api, inputs.size(), [&](size_t i) {
           const NcclBuffer in = bytesOf(inputs[i]);
-          NCCL_CORE_CHECK(api.allGather(
-              in.ptr, outputs[i].data_ptr(), in.count, in.dtype, comm, stream));
-        }
-        return group.end();
+          return api.allGather(
+              in.ptr, outputs[i].data_ptr(), in.count, in.dtype, comm, stream);
+        });
       });
 }
 
@@ -324,13 +313,11 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter(
       {output},
       withFactor(list, op),
       [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
-        NcclGroup group(api);
-        for (int r = 0; r < getSize(); ++r) {
+        return inOneGroup(api, getSize(), [&](int r) {
           const NcclBuffer in = bufferOf(list[r], kOp);
-          NCCL_CORE_CHECK(api.reduce(
-              in.ptr, out.ptr, in.count, in.dtype, op.get(), r, comm, stream));
-        }
-        return group.end();
+          return api.reduce(
+              in.ptr, out.ptr, in.count, in.dtype, op.get(), r, comm, stream);
+        });
       });
 }
 
@@ -365,13 +352,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter_tensor_coalesced(
     const c10d::ReduceScatterOptions& opts) {
   const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "reduce_scatter_tensor_coalesced";
-  NCCL_CORE_CHECK_ARG(
-      !inputs.empty() && inputs.size() == outputs.size(),
-      kOp,
-      "expected as many outputs as inputs (at least one), got ",
-      outputs.size(),
-      " and ",
-      inputs.size());
+  checkPaired(outputs, inputs, kOp);
   std::vector<std::unique_ptr<NcclReduceOp>> ops;
   std::vector<at::Tensor> stash = inputs;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -388,19 +369,17 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter_tensor_coalesced(
       outputs,
       stash,
       [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
-        NcclGroup group(api);
-        for (size_t i = 0; i < inputs.size(); ++i) {
+        return inOneGroup(api, inputs.size(), [&](size_t i) {
           const NcclBuffer out = bufferOf(outputs[i], kOp);
-          NCCL_CORE_CHECK(api.reduceScatter(
+          return api.reduceScatter(
               inputs[i].data_ptr(),
               out.ptr,
               out.count,
               out.dtype,
               ops[i]->get(),
               comm,
-              stream));
-        }
-        return group.end();
+              stream);
+        });
       });
 }
 

@@ -25,16 +25,21 @@ std::vector<c10::IValue> asValues(
   return values;
 }
 
-// torch's record_param_comms event, as an instant at the op's launch. The
-// global rank layout of a group is not known here: start 0, stride 1, as
-// ProcessGroupNCCL reports for a group without global_ranks_in_group.
-void recordParamComms(
+} // namespace
+
+OpProfile::OpProfile(
     const OpInfo& info,
     const std::string& group,
     int rank,
     int size,
     const std::vector<at::Tensor>& inputs,
     const std::vector<at::Tensor>& outputs) {
+  if (C10_LIKELY(!range_.isActive())) {
+    return;
+  }
+  // torch's record_param_comms event, as an instant at the op's launch. The
+  // global rank layout of a group is not known here: start 0, stride 1, as
+  // ProcessGroupNCCL reports for a group without global_ranks_in_group.
   const bool pointToPoint =
       info.type == c10d::OpType::SEND || info.type == c10d::OpType::RECV;
   const std::vector<at::Tensor>& sent = sentTensors(info.type, outputs, inputs);
@@ -54,21 +59,6 @@ void recordParamComms(
       0,
       1,
       size);
-}
-
-} // namespace
-
-OpProfile::OpProfile(
-    const OpInfo& info,
-    const std::string& group,
-    int rank,
-    int size,
-    const std::vector<at::Tensor>& inputs,
-    const std::vector<at::Tensor>& outputs) {
-  if (C10_LIKELY(!range_.isActive())) {
-    return;
-  }
-  recordParamComms(info, group, rank, size, inputs, outputs);
   title_ = c10::str("nccl_core:", info.name);
   const std::vector<c10::IValue> values = asValues(inputs, outputs);
   range_.before(

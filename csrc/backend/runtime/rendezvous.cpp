@@ -43,14 +43,13 @@ std::string idKey(const std::string& prefix) {
 } // namespace
 
 int64_t meet(
-    c10d::Store& store,
-    const std::string& prefix,
+    const Meeting& at,
     int rank,
     const std::vector<int>& ranks,
-    int64_t count,
-    std::chrono::milliseconds timeout,
-    const std::string& label,
-    const std::function<bool()>& abandon) {
+    int64_t count) {
+  c10d::Store& store = at.store;
+  const std::string& prefix = at.prefix;
+  const std::chrono::milliseconds timeout = at.timeout;
   store.set(arrivedKey(prefix, rank), std::vector<uint8_t>{1}); // names it
   store.add(tallyKey(prefix), count);
   const auto size = static_cast<int64_t>(ranks.size());
@@ -60,7 +59,7 @@ int64_t meet(
   bool decidedElsewhere = false;
   while (!everyone && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(kPollInterval);
-    abandoned = abandon && abandon();
+    abandoned = at.abandon && at.abandon();
     decidedElsewhere = !abandoned && store.check({decisionKey(prefix)});
     if (abandoned || decidedElsewhere) {
       break;
@@ -84,7 +83,7 @@ int64_t meet(
           "rank ",
           rank,
           " of ",
-          label,
+          at.label,
           " gave up waiting for rank(s) ",
           ranksMissing,
           ": the group was aborted");
@@ -93,7 +92,7 @@ int64_t meet(
           "rank ",
           rank,
           " of ",
-          label,
+          at.label,
           " came after the other ranks had given up waiting for it (the "
           "group's timeout, ",
           timeout.count(),
@@ -103,7 +102,7 @@ int64_t meet(
           "rank(s) ",
           ranksMissing,
           " of ",
-          label,
+          at.label,
           decidedElsewhere
               ? c10::str(
                     " did not come, and another rank gave the meeting up (the "
@@ -123,17 +122,15 @@ int64_t meet(
 }
 
 ncclUniqueId rendezvous(
-    c10d::Store& store,
-    const std::string& prefix,
+    const Meeting& at,
     int rank,
     int size,
-    std::chrono::milliseconds timeout,
-    const std::string& label,
-    const std::function<ncclUniqueId()>& makeId,
-    const std::function<bool()>& abandon) {
+    const std::function<ncclUniqueId()>& makeId) {
   std::vector<int> ranks(size);
   std::iota(ranks.begin(), ranks.end(), 0);
-  meet(store, prefix, rank, ranks, 0, timeout, label, abandon);
+  meet(at, rank, ranks, 0);
+  c10d::Store& store = at.store;
+  const std::string idAt = idKey(at.prefix);
   ncclUniqueId id;
   if (rank == 0) { // only now: an id made for a meeting given up would leave
                    // NCCL's bootstrap root waiting on rank 0
@@ -144,19 +141,19 @@ ncclUniqueId rendezvous(
       // length of an id.
       std::string why = e.what();
       why += why.size() == sizeof(id) ? "." : "";
-      store.set(idKey(prefix), std::vector<uint8_t>(why.begin(), why.end()));
+      store.set(idAt, std::vector<uint8_t>(why.begin(), why.end()));
       throw;
     }
     const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
-    store.set(idKey(prefix), std::vector<uint8_t>(bytes, bytes + sizeof(id)));
+    store.set(idAt, std::vector<uint8_t>(bytes, bytes + sizeof(id)));
   } else {
-    const std::vector<uint8_t> bytes = store.get(idKey(prefix));
+    const std::vector<uint8_t> bytes = store.get(idAt);
     if (bytes.size() != sizeof(id)) {
       C10_THROW_ERROR(
           DistBackendError,
           c10::str(
               "nccl_core: rank 0 of ",
-              label,
+              at.label,
               " could not make NCCL's id: ",
               std::string(bytes.begin(), bytes.end())));
     }

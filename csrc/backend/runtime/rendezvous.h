@@ -16,38 +16,37 @@
 
 namespace nccl_core {
 
-// Rank `rank` comes to the meeting `prefix` of `ranks` (their numbers in the
-// store's group) and adds `count` to its tally. Once every one of them has
-// come within `timeout`: the tally. Otherwise DistBackendError naming those
-// that did not come (`label` names the group). Every rank gets the same
-// outcome, whenever it comes: the first rank to decide (all came, or its
-// timeout passed) records the decision and the others follow it, so a late
-// rank finds the meeting given up rather than going on alone. A rank whose
-// `abandon` turns true while it waits (its group was aborted) gives the
-// meeting up for every rank, unless it was decided already. Each rank makes
-// O(1) store calls per poll, whatever the group's size.
-int64_t meet(
-    c10d::Store& store,
-    const std::string& prefix,
-    int rank,
-    const std::vector<int>& ranks,
-    int64_t count,
-    std::chrono::milliseconds timeout,
-    const std::string& label,
-    const std::function<bool()>& abandon = {});
+// Where the ranks of a group meet: under `prefix` in `store`, for up to
+// `timeout`; `label` names the group in errors. A rank whose `abandon` turns
+// true while it waits (its group was aborted) gives the meeting up for every
+// rank, unless it was decided already.
+struct Meeting {
+  c10d::Store& store;
+  std::string prefix;
+  std::chrono::milliseconds timeout;
+  std::string label;
+  std::function<bool()> abandon = {};
+};
+
+// Rank `rank` comes to the meeting of `ranks` (their numbers in the store's
+// group) and adds `count` to its tally. Once every one of them has come
+// within the timeout: the tally. Otherwise DistBackendError naming those that
+// did not come. Every rank gets the same outcome, whenever it comes: the
+// first rank to decide (all came, or its timeout passed) records the decision
+// and the others follow it, so a late rank finds the meeting given up rather
+// than going on alone. Each rank makes O(1) store calls per poll, whatever
+// the group's size.
+int64_t
+meet(const Meeting& at, int rank, const std::vector<int>& ranks, int64_t count);
 
 // The meeting of ranks 0 to `size` - 1 before a new communicator; then its
 // unique id, made by rank 0 once the meeting went ahead (`makeId`:
 // Communicator::uniqueId, or growId for a grow).
 ncclUniqueId rendezvous(
-    c10d::Store& store,
-    const std::string& prefix,
+    const Meeting& at,
     int rank,
     int size,
-    std::chrono::milliseconds timeout,
-    const std::string& label,
-    const std::function<ncclUniqueId()>& makeId,
-    const std::function<bool()>& abandon = {});
+    const std::function<ncclUniqueId()>& makeId);
 
 // Rank 0, once the communicator exists (every rank is past the meeting):
 // removes its keys from the store.
