@@ -35,9 +35,9 @@ struct NcclCoreOptions {
   std::optional<bool> oneShotAllReduce;
   // Ops on ordinary tensors register the segment of torch's caching
   // allocator they lie in, on first use, and torch's free of the segment
-  // drops it: unset = TORCH_NCCL_CORE_REGISTER_ALLOCATOR (default off until
-  // measured on 2+ GPUs), true = on, false = off
-  // (nccl/caching_allocator_segments.h).
+  // drops it: unset = TORCH_NCCL_CORE_REGISTER_ALLOCATOR (default off: on 2
+  // GPUs it gained nothing measurable, docs/performance.md), true = on,
+  // false = off (nccl/caching_allocator_segments.h).
   std::optional<bool> registerCachingAllocator;
   // NCCL's CTA policy (ncclConfig_t.CTAPolicy): "default", "efficiency", or
   // "zero" (all_gather and all_to_all on copy engines, no SMs, where NCCL can);

@@ -87,8 +87,8 @@ never.
 ``register_caching_allocator``: ops on ordinary tensors register the segment
 of torch's caching allocator they lie in with NCCL on first use, and torch's
 free of the segment drops it; ``None`` follows
-``TORCH_NCCL_CORE_REGISTER_ALLOCATOR`` (default off until measured on 2+
-GPUs).
+``TORCH_NCCL_CORE_REGISTER_ALLOCATOR`` (default off: on 2 GPUs it gained
+nothing measurable, docs/performance.md).
 ``cta_policy``: NCCL's CTA policy, ``'default'``, ``'efficiency'`` or
 ``'zero'`` (all_gather and all_to_all on copy engines, no SMs, where NCCL can:
 within a node, and across nodes from NCCL 2.30.7); ``None`` keeps NCCL's.)")
