@@ -266,7 +266,7 @@ def main() -> None:
     if dist.get_rank() == 0:
         write_reports(args, device, dist.get_world_size(), core, rows)
     cli.finish()
-    del noop  # only now: nccl_core's groups were destroyed on the fake
+    del groups, noop  # only now: nccl_core's groups were destroyed on the fake
 
 
 if __name__ == "__main__":

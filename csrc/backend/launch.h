@@ -47,13 +47,17 @@ class NcclGroup {
   bool open_ = true;
 };
 
-// The NCCL calls `call(i)` for i in [0, count), fused into one NCCL group (one
-// launch) that is closed on every exit path.
+// The NCCL calls `call(i)` for i in [0, count), each of entry point `name`,
+// fused into one NCCL group (one launch) that is closed on every exit path.
 template <typename Index, typename Call>
-ncclResult_t inOneGroup(const NcclApi& api, Index count, Call&& call) {
+ncclResult_t
+inOneGroup(const NcclApi& api, const char* name, Index count, Call&& call) {
   NcclGroup group(api);
   for (Index i = 0; i < count; ++i) {
-    NCCL_CORE_CHECK(call(i));
+    const ncclResult_t result = call(i);
+    if (C10_UNLIKELY(result != ncclSuccess)) {
+      throwNcclError(result, name, __FILE__, __LINE__);
+    }
   }
   return group.end();
 }

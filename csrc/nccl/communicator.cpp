@@ -595,7 +595,7 @@ Communicator::createPreMulSum(const void* hostScalar, ncclDataType_t dtype) {
 }
 
 void Communicator::prepareLoadStore(const Window& window) {
-  if (!windowAddressesReadable()) {
+  if (!windowAddressesReadable(*api_)) {
     // The same on every rank: windows work, one-sided operations will say
     // what they need.
     return;

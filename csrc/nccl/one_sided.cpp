@@ -25,12 +25,21 @@ namespace nccl_core {
 
 namespace {
 
-// NCCL >= 2.29's host one-sided API, where the runtime has it.
-// A process-wide choice, so NCCL's own table decides.
-bool hostApiAvailable() {
-  const NcclApi& api = realNccl();
+// NCCL >= 2.29's host one-sided API, where `api` has it.
+bool hasHostApi(const NcclApi& api) {
   return api.putSignal != nullptr && api.signal != nullptr &&
          api.waitSignal != nullptr;
+}
+
+// `comm`'s table for the host engine, which NCCL's own table chose for the
+// whole process: a communicator made with another table may lack the API.
+const NcclApi& hostApiOf(const Communicator& comm) {
+  NCCL_CORE_CHECK_SUPPORTED(
+      hasHostApi(comm.api()),
+      "one-sided",
+      "this communicator's NCCL table has no host one-sided API (NCCL >= "
+      "2.29)");
+  return comm.api();
 }
 
 // The LSA rank of `peer`, or NotImplementedError saying what would reach it.
@@ -308,7 +317,7 @@ OneSidedEngine oneSidedEngine() {
     if (choice == "load_store") {
       return OneSidedEngine::LoadStore;
     }
-    const bool host = hostApiAvailable();
+    const bool host = hasHostApi(realNccl());
     NCCL_CORE_CHECK_SUPPORTED(
         host || choice == "auto",
         "TORCH_NCCL_CORE_ONE_SIDED_ENGINE",
@@ -408,7 +417,7 @@ void enqueuePutSignal(
     if (comm.inSymmetricWindow(put.src, put.bytes)) {
       comm.noteCapture(stream); // NCCL's plan would hold the communicator
       comm.check(
-          comm.api().putSignal(
+          hostApiOf(comm).putSignal(
               put.src,
               put.count,
               put.dtype,
@@ -444,7 +453,7 @@ void enqueueSignal(Communicator& comm, int peer, cudaStream_t stream) {
   if (oneSidedEngine() == OneSidedEngine::Host) {
     comm.noteCapture(stream);
     comm.check(
-        comm.api().signal(peer, 0, 0, 0, comm.use().handle(), stream),
+        hostApiOf(comm).signal(peer, 0, 0, 0, comm.use().handle(), stream),
         "ncclSignal");
     return;
   }
@@ -468,7 +477,7 @@ void enqueueWaitSignal(
     }
     comm.noteCapture(stream);
     comm.check(
-        comm.api().waitSignal(
+        hostApiOf(comm).waitSignal(
             static_cast<int>(ncclDescs.size()),
             ncclDescs.data(),
             comm.use().handle(), // the Use lasts the call: abort waits

@@ -77,13 +77,13 @@ uintptr_t lsaPointer(
          offset;
 }
 
-bool windowAddressesReadable() {
-  return realNccl().getLsaDevicePointer != nullptr ||
+bool windowAddressesReadable(const NcclApi& api) {
+  return api.getLsaDevicePointer != nullptr ||
          detail::canReadLsaBasesOnDevice();
 }
 
 bool everyPeerLoadStore(Communicator& comm) {
-  if (!windowAddressesReadable()) {
+  if (!windowAddressesReadable(comm.api())) {
     return false;
   }
   const Communicator::Use use = comm.use(); // NCCL reads the communicator
@@ -124,8 +124,13 @@ peerPointer(Communicator& comm, const Window& window, int peer, size_t offset) {
 }
 
 std::optional<uintptr_t> multimemPointer(const Window& window, size_t offset) {
-  const ncclWindow_t handle = window.get(); // closed with its communicator
-  const auto query = window.communicator()->api().getLsaMultimemDevicePointer;
+  // Held across the query; gone once the window's communicator is (which
+  // closes the window too, a moment later).
+  const std::shared_ptr<Communicator> comm = window.communicator();
+  const ncclWindow_t handle = window.get();
+  NCCL_CORE_CHECK_STATE(
+      comm != nullptr, "multimem_pointer", "the window's communicator is gone");
+  const auto query = comm->api().getLsaMultimemDevicePointer;
   if (!query) {
     refuseOldRuntime("multimem_pointer");
   }

@@ -36,7 +36,7 @@ uintptr_t lsaPointer(
 
 // Whether this build can read window addresses on the loaded NCCL (>= 2.29's
 // host API, or 2.28's device API in a build against 2.28's headers).
-bool windowAddressesReadable();
+bool windowAddressesReadable(const NcclApi& api);
 
 // Whether every rank of `comm` maps the others' windows (one LSA team) and
 // this build can read their addresses: what the backend's engines that write

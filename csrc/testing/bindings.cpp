@@ -212,8 +212,9 @@ void bindFakeNccl(py::module_& testing) {
             options.api = &fake.table();
           },
           py::arg("options"),
-          "Groups made with `options` call this fake; keep it alive until "
-          "they are destroyed.")
+          py::keep_alive<2, 1>(),
+          "Groups made with `options` call this fake (which `options` keeps "
+          "alive); uninstall it only once they are destroyed.")
       .def("hold", &Fake::hold, py::arg("call"))
       .def("release", &Fake::release, py::arg("call"))
       .def("fail_next", &Fake::failNext, py::arg("call"), py::arg("result"))

@@ -25,8 +25,8 @@ DEFAULT = 0
 MiB = 1 << 20
 
 # Registering a window prepares the load/store one-sided engine where that engine is chosen, and
-# that needs a GPU. The choice is made once per process: made here, at collection, on the real
-# NCCL, before any test installs the fake.
+# that needs a GPU. The choice is made once per process, by the loaded NCCL (the fake's
+# communicators follow it).
 pytestmark = pytest.mark.skipif(
     torch_nccl_core.one_sided_engine() != "nccl",
     reason="fake windows stay off the load/store engine only with NCCL >= 2.29's host API",

@@ -121,7 +121,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allreduce_coalesced(
       tensors,
       factors,
       [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
-        return inOneGroup(api, bufs.size(), [&](size_t i) {
+        return inOneGroup(api, "ncclAllReduce", bufs.size(), [&](size_t i) {
           const NcclBuffer& buf = bufs[i];
           return api.allReduce(
               buf.ptr,
@@ -188,7 +188,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather(
       list,
       {input},
       [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
-        return inOneGroup(api, getSize(), [&](int r) {
+        return inOneGroup(api, "ncclBroadcast", getSize(), [&](int r) {
           const NcclBuffer out = bytesOf(list[r]);
           const void* send = r == getRank() ? input.data_ptr() : out.ptr;
           return api.broadcast(
@@ -255,14 +255,16 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather_coalesced(
       [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
         // Rank r's inputs in order, for every rank r.
         const size_t perRank = inputs.size();
-        return inOneGroup(api, getSize() * perRank, [&](size_t k) {
-          const int r = static_cast<int>(k / perRank);
-          const size_t i = k % perRank;
-          const NcclBuffer out = bytesOf(outputLists[r][i]);
-          const void* send = r == getRank() ? inputs[i].data_ptr() : out.ptr;
-          return api.broadcast(
-              send, out.ptr, out.count, out.dtype, r, comm, stream);
-        });
+        return inOneGroup(
+            api, "ncclBroadcast", getSize() * perRank, [&](size_t k) {
+              const int r = static_cast<int>(k / perRank);
+              const size_t i = k % perRank;
+              const NcclBuffer out = bytesOf(outputLists[r][i]);
+              const void* send =
+                  r == getRank() ? inputs[i].data_ptr() : out.ptr;
+              return api.broadcast(
+                  send, out.ptr, out.count, out.dtype, r, comm, stream);
+            });
       });
 }
 
@@ -283,7 +285,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather_into_tensor_coalesced(
       outputs,
       inputs,
       [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
-        return inOneGroup(api, inputs.size(), [&](size_t i) {
+        return inOneGroup(api, "ncclAllGather", inputs.size(), [&](size_t i) {
           const NcclBuffer in = bytesOf(inputs[i]);
           return api.allGather(
               in.ptr, outputs[i].data_ptr(), in.count, in.dtype, comm, stream);
@@ -313,7 +315,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter(
       {output},
       withFactor(list, op),
       [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
-        return inOneGroup(api, getSize(), [&](int r) {
+        return inOneGroup(api, "ncclReduce", getSize(), [&](int r) {
           const NcclBuffer in = bufferOf(list[r], kOp);
           return api.reduce(
               in.ptr, out.ptr, in.count, in.dtype, op.get(), r, comm, stream);
@@ -369,17 +371,18 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter_tensor_coalesced(
       outputs,
       stash,
       [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
-        return inOneGroup(api, inputs.size(), [&](size_t i) {
-          const NcclBuffer out = bufferOf(outputs[i], kOp);
-          return api.reduceScatter(
-              inputs[i].data_ptr(),
-              out.ptr,
-              out.count,
-              out.dtype,
-              ops[i]->get(),
-              comm,
-              stream);
-        });
+        return inOneGroup(
+            api, "ncclReduceScatter", inputs.size(), [&](size_t i) {
+              const NcclBuffer out = bufferOf(outputs[i], kOp);
+              return api.reduceScatter(
+                  inputs[i].data_ptr(),
+                  out.ptr,
+                  out.count,
+                  out.dtype,
+                  ops[i]->get(),
+                  comm,
+                  stream);
+            });
       });
 }
 
