@@ -22,6 +22,7 @@
 #include "nccl/api.h"
 #include "nccl/caching_allocator_segments.h"
 #include "nccl/errors.h"
+#include "nccl/version.h"
 
 namespace nccl_core {
 
@@ -483,6 +484,37 @@ void NcclCoreBackend::teardown(const std::string& reason) {
   }
 }
 
+void NcclCoreBackend::teardownWithoutFinalizing(const std::string& reason) {
+  teardown(reason);
+  if (hasFeature(Feature::FinalizeWaitsForHost)) {
+    giveUpMeeting(*store_, storeKey("finalize"));
+  }
+}
+
+bool NcclCoreBackend::finalizeMeeting() noexcept {
+  if (!hasFeature(Feature::FinalizeWaitsForHost)) {
+    return true;
+  }
+  std::vector<int> ranks(getSize());
+  std::iota(ranks.begin(), ranks.end(), 0);
+  try {
+    meet(
+        {*store_,
+         storeKey("finalize"),
+         timeout_.load(),
+         c10::str("group '", *groupName_, "'"),
+         [this] { return failure_->failed(); }},
+        getRank(),
+        ranks,
+        0);
+    return true;
+  } catch (const std::exception& e) {
+    LOG(INFO) << "[nccl_core] group '" << *groupName_
+              << "' is aborted, not finalized: " << e.what();
+    return false;
+  }
+}
+
 void NcclCoreBackend::abort() {
   teardown(c10::str("nccl_core group '", *groupName_, "' was aborted"));
 }
@@ -519,7 +551,7 @@ void NcclCoreBackend::shutdown() {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    if (idle && !failure_->failed()) {
+    if (idle && !failure_->failed() && finalizeMeeting()) {
       // Over a network the data of an op that finished here may still be on
       // its way to a peer: it arrives before NCCL goes.
       comm_->flush();

@@ -487,6 +487,14 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   void setupCommunicator(std::shared_ptr<Communicator> comm);
   at::Device deviceForOpWithoutTensors(const std::vector<int64_t>& deviceIds);
   void teardown(const std::string& reason);
+  // teardown, for ranks that may be finalizing the group: they stop waiting
+  // for this one (finalizeMeeting).
+  void teardownWithoutFinalizing(const std::string& reason);
+  // NCCL >= 2.32 ends ncclCommFinalize with a barrier of the communicator's
+  // ranks on this host (commDestroySync), where a rank waits for ever for a
+  // peer that aborted or never finalizes. The ranks meet in the store first,
+  // bounded by the group's timeout: whether every one of them finalizes.
+  bool finalizeMeeting() noexcept;
   // Whether every enqueued op finished; true too when CUDA cannot say.
   bool idleOrBroken() noexcept;
   // Ends a coalescing block left by an exception, raised by an op inside it

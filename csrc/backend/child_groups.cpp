@@ -150,7 +150,7 @@ c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::shrink(
     // SHRINK_ABORT or not (NCCL 2.28-2.30, init.cc). The ranks that stay make
     // a communicator of their own instead, as at init, whatever the flags.
     // A rank that had not seen it fail ends its ops on the dead peer too.
-    teardown(
+    teardownWithoutFinalizing(
         c10::str(
             "nccl_core group '",
             *groupName_,
@@ -199,12 +199,14 @@ c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::shrink(
         c10::str("group '", name, "'"));
   } catch (...) {
     if (endsOps) {
-      teardown(ended);
+      teardownWithoutFinalizing(ended);
     }
     throw;
   }
   if (endsOps) {
-    teardown(ended); // frees the parent's communicator
+    // Frees the parent's communicator; an excluded rank destroying the
+    // group learns that this one never finalizes it.
+    teardownWithoutFinalizing(ended);
   }
   return child(store_, std::move(comm), std::move(name), optsOverride, members);
 }

@@ -50,6 +50,8 @@ FeatureInfo info(Feature feature) {
       return {"socket_gin", NCCL_VERSION(2, 32, 3)};
     case Feature::WindowGinOnly:
       return {"window_gin_only", NCCL_VERSION(2, 32, 3)};
+    case Feature::FinalizeWaitsForHost: // 2.32.3's commDestroySync; not 2.31
+      return {"finalize_waits_for_host", NCCL_VERSION(2, 32, 0)};
   }
   return {"unknown", 0};
 }
@@ -69,7 +71,8 @@ constexpr Feature kAllFeatures[] = {
     Feature::ZeroCtaPolicy,
     Feature::PerCollectiveConfig,
     Feature::SocketGin,
-    Feature::WindowGinOnly};
+    Feature::WindowGinOnly,
+    Feature::FinalizeWaitsForHost};
 
 } // namespace
 

@@ -41,6 +41,8 @@ enum class Feature {
   PerCollectiveConfig,         // ncclCollConfig_t on each collective call
   SocketGin,                   // GPU-initiated networking over TCP sockets
   WindowGinOnly,               // NCCL_WIN_GIN_ONLY
+  FinalizeWaitsForHost, // ncclCommFinalize ends with a barrier of the host's
+                        // ranks
 };
 
 bool hasFeature(Feature feature);

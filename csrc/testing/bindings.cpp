@@ -343,6 +343,13 @@ void bindFakeNccl(py::module_& testing) {
       release,
       "rendezvous.h's meeting of `ranks`: its tally.");
   testing.def(
+      "give_up_meeting",
+      [](const c10::intrusive_ptr<c10d::Store>& store,
+         const std::string& prefix) { giveUpMeeting(*store, prefix); },
+      py::arg("store"),
+      py::arg("prefix"),
+      release);
+  testing.def(
       "abort",
       [](Communicator& comm) { comm.abort(); },
       py::arg("comm"),

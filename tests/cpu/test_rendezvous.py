@@ -133,3 +133,25 @@ def test_a_rank_whose_group_is_aborted_gives_the_meeting_up_for_everyone(fake):
         running[1][1]["error"]
     )
     assert time.monotonic() - aborted_at < 5.0
+
+
+def test_a_meeting_given_up_ends_the_waits_and_refuses_latecomers(fake):
+    """What a rank that aborted a group tells the ranks meeting to finalize it (NCCL >= 2.32's
+    finalize waits for every rank on the host): those waiting leave at once, and a rank that
+    comes later is refused at once, instead of each waiting out the 30 s timeout."""
+    stores = hash_stores(3)
+    timeout = timedelta(seconds=30)
+    waiting = in_thread(lambda: testing.meet(stores[0], "finalize", 0, [0, 1, 2], 0, timeout))
+    time.sleep(0.3)
+    start = time.monotonic()
+    testing.give_up_meeting(stores[2], "finalize")
+    late = in_thread(lambda: testing.meet(stores[1], "finalize", 1, [0, 1, 2], 0, timeout))
+    for thread, outcome in (waiting, late):
+        thread.join(10.0)
+        assert not thread.is_alive()
+        assert isinstance(outcome.get("error"), dist.DistBackendError), outcome
+    assert "rank(s) 2 of group 'g' did not come, and another rank gave the meeting up" in str(
+        waiting[1]["error"]
+    )
+    assert "rank(s) 2 of group 'g' did not come" in str(late[1]["error"])
+    assert time.monotonic() - start < 5.0

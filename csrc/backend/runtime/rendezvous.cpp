@@ -121,6 +121,13 @@ int64_t meet(
   return store.add(tallyKey(prefix), 0);
 }
 
+void giveUpMeeting(c10d::Store& store, const std::string& prefix) {
+  store.compareSet(
+      decisionKey(prefix),
+      {},
+      std::vector<uint8_t>(kGivenUp.begin(), kGivenUp.end()));
+}
+
 ncclUniqueId rendezvous(
     const Meeting& at,
     int rank,

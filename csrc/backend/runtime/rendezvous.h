@@ -39,6 +39,10 @@ struct Meeting {
 int64_t
 meet(const Meeting& at, int rank, const std::vector<int>& ranks, int64_t count);
 
+// Records the meeting under `prefix` given up, unless it was decided already:
+// the ranks waiting in it, and those that come later, get DistBackendError.
+void giveUpMeeting(c10d::Store& store, const std::string& prefix);
+
 // The meeting of ranks 0 to `size` - 1 before a new communicator; then its
 // unique id, made by rank 0 once the meeting went ahead (`makeId`:
 // Communicator::uniqueId, or growId for a grow).
