@@ -45,26 +45,23 @@ int64_t nextIncarnation(c10d::Store& store, int rank) {
 } // namespace
 
 NcclCoreBackend::NcclCoreBackend(
-    c10::intrusive_ptr<c10d::Store> store,
-    int rank,
-    int size,
-    std::string groupName,
+    Membership member,
     std::shared_ptr<const NcclCoreOptions> options,
     std::chrono::milliseconds defaultTimeout,
     std::shared_ptr<Communicator> comm,
     std::vector<int64_t> globalRanks)
-    : c10d::Backend(rank, size),
-      store_(std::move(store)),
-      groupName_(std::make_shared<const std::string>(std::move(groupName))),
+    : c10d::Backend(member.rank, member.size),
+      store_(std::move(member.store)),
+      groupName_(std::make_shared<const std::string>(std::move(member.name))),
       options_(std::move(options)),
       timeout_(options_->timeout.value_or(defaultTimeout)),
       // torch names no ranks for the default group: its own.
       globalRanks_(
-          globalRanks.empty() ? allRanks(size) : std::move(globalRanks)),
-      globalRank_(static_cast<int>(globalRanks_[rank])),
+          globalRanks.empty() ? allRanks(member.size) : std::move(globalRanks)),
+      globalRank_(static_cast<int>(globalRanks_[member.rank])),
       traceGroup_(
           FlightRecorder::process().addGroup(*groupName_, globalRanks_)),
-      incarnation_(nextIncarnation(*store_, rank)),
+      incarnation_(nextIncarnation(*store_, member.rank)),
       autoRegister_(
           c10::utils::check_env("TORCH_NCCL_CORE_AUTO_REGISTER")
               .value_or(true)),
@@ -222,16 +219,17 @@ void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
       makeEngines(*comm_, *events_, *options_));
   routes_->setTimeout(timeout_.load());
   watchdog_ = std::make_unique<Watchdog>(
-      comm_,
-      failure_,
-      store_,
-      *groupName_,
-      storeKey("abort"),
-      timeout_.load(),
-      events_,
-      hooks_,
-      ephemeral_,
-      traceGroup_);
+      WatchedGroup{
+          comm_,
+          failure_,
+          store_,
+          *groupName_,
+          storeKey("abort"),
+          events_,
+          hooks_,
+          ephemeral_,
+          traceGroup_},
+      timeout_.load());
   oneSidedLink_ = std::make_unique<OneSidedLink>(*comm_, *this);
 }
 
@@ -486,8 +484,15 @@ void NcclCoreBackend::teardown(const std::string& reason) {
 
 void NcclCoreBackend::teardownWithoutFinalizing(const std::string& reason) {
   teardown(reason);
-  if (hasFeature(Feature::FinalizeWaitsForHost)) {
+  if (!comm_ || !hasFeature(Feature::FinalizeWaitsForHost)) {
+    return; // no communicator: no peer can be finalizing one with this rank
+  }
+  try {
     giveUpMeeting(*store_, storeKey("finalize"));
+  } catch (const std::exception& e) {
+    LOG(WARNING) << "[nccl_core] group '" << *groupName_
+                 << "' could not tell its peers that it will not finalize ("
+                 << e.what() << "); they wait up to the group's timeout";
   }
 }
 
@@ -495,10 +500,15 @@ bool NcclCoreBackend::finalizeMeeting() noexcept {
   if (!hasFeature(Feature::FinalizeWaitsForHost)) {
     return true;
   }
-  std::vector<int> ranks(getSize());
-  std::iota(ranks.begin(), ranks.end(), 0);
+  // A rank that could not finalize (a CUDA graph that captured the group's
+  // work alive) says so: the others then abort too.
+  const auto twin = routes_->twin();
+  const bool finalizable =
+      comm_->finalizable() && (!twin || twin->finalizable());
   try {
-    meet(
+    std::vector<int> ranks(getSize());
+    std::iota(ranks.begin(), ranks.end(), 0);
+    const int64_t willFinalize = meet(
         {*store_,
          storeKey("finalize"),
          timeout_.load(),
@@ -506,7 +516,16 @@ bool NcclCoreBackend::finalizeMeeting() noexcept {
          [this] { return failure_->failed(); }},
         getRank(),
         ranks,
-        0);
+        finalizable ? 1 : 0);
+    // From here a failure must not abort the communicator under NCCL's
+    // barrier: the group is idle, and every rank finalizes.
+    watchdog_->stop();
+    if (willFinalize < getSize()) {
+      LOG(INFO) << "[nccl_core] group '" << *groupName_ << "' is aborted, not "
+                << "finalized: " << getSize() - willFinalize
+                << " rank(s) have CUDA graphs that captured its work alive";
+      return false;
+    }
     return true;
   } catch (const std::exception& e) {
     LOG(INFO) << "[nccl_core] group '" << *groupName_
@@ -516,7 +535,8 @@ bool NcclCoreBackend::finalizeMeeting() noexcept {
 }
 
 void NcclCoreBackend::abort() {
-  teardown(c10::str("nccl_core group '", *groupName_, "' was aborted"));
+  teardownWithoutFinalizing(
+      c10::str("nccl_core group '", *groupName_, "' was aborted"));
 }
 
 bool NcclCoreBackend::idleOrBroken() noexcept {
@@ -532,6 +552,7 @@ bool NcclCoreBackend::idleOrBroken() noexcept {
 void NcclCoreBackend::shutdown() {
   const std::chrono::milliseconds timeout =
       timeout_.load() + ephemeral_->active();
+  bool finalized = false;
   if (watchdog_ && !failure_->failed()) {
     // Every enqueued op, synchronous ones on the caller's streams included,
     // finishes before NCCL goes: aborting under an op a peer is about to
@@ -558,9 +579,16 @@ void NcclCoreBackend::shutdown() {
       if (const auto twin = routes_->twin()) {
         twin->flush();
       }
+      finalized = true;
     }
   }
-  teardown(c10::str("nccl_core group '", *groupName_, "' was shut down"));
+  const std::string reason =
+      c10::str("nccl_core group '", *groupName_, "' was shut down");
+  if (finalized) {
+    teardown(reason);
+  } else {
+    teardownWithoutFinalizing(reason);
+  }
 }
 
 } // namespace nccl_core

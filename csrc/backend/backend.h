@@ -130,13 +130,32 @@ struct OpPlan {
   std::optional<size_t> trace = std::nullopt; // its flight recorder entry
 };
 
+#ifdef C10D_BACKEND_HAS_WINDOW
+// One op of a torch Window toward `peer`: whether it waits for the peer (a
+// wait_signal), whether it is async, its timeout, the tensors it reads.
+struct WindowOp {
+  const char* name;
+  int peer;
+  bool waits;
+  bool asyncOp;
+  std::chrono::milliseconds timeout;
+  std::vector<at::Tensor> inputs;
+};
+#endif
+
+// A group as one of its ranks takes part in it: the store its ranks meet in,
+// this rank's number, how many they are, the group's name.
+struct Membership {
+  c10::intrusive_ptr<c10d::Store> store;
+  int rank;
+  int size;
+  std::string name;
+};
+
 class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
  public:
   NcclCoreBackend(
-      c10::intrusive_ptr<c10d::Store> store,
-      int rank,
-      int size,
-      std::string groupName,
+      Membership member,
       std::shared_ptr<const NcclCoreOptions> options,
       std::chrono::milliseconds defaultTimeout,
       std::shared_ptr<Communicator> comm = nullptr,
@@ -263,16 +282,12 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
       const c10::intrusive_ptr<c10d::Store>& store,
       int newSize,
       std::string name);
-  // A new process's part in a grow under `store`: rank `rank` of `size`, on
-  // CUDA device `device`, waiting up to `timeout` for the group to start;
-  // the grown group takes the group's timeout. ValueError where the rank is
-  // one the growing group has, or another process took, or `size` is not the
-  // group's new size.
+  // A new process's part in a grow, as `member`, on CUDA device `device`,
+  // waiting up to `timeout` for the group to start; the grown group takes the
+  // group's timeout. ValueError where the rank is one the growing group has,
+  // or another process took, or the size is not the group's new size.
   static c10::intrusive_ptr<NcclCoreBackend> join(
-      const c10::intrusive_ptr<c10d::Store>& store,
-      int rank,
-      int size,
-      std::string name,
+      Membership member,
       std::shared_ptr<const NcclCoreOptions> options,
       std::chrono::milliseconds timeout,
       int device);
@@ -388,20 +403,27 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   // block's ncclGroupEnd, while the load/store engine runs at once):
   // RuntimeError naming `op` inside a block, which then ends.
   void refuseInsideCoalescing(const char* op);
+  // send (`sends`) or recv of a tensor with `peer` (backend/ops/
+  // point_to_point.cpp).
+  c10::intrusive_ptr<c10d::Work>
+  pointToPoint(std::vector<at::Tensor>& tensors, int peer, bool sends);
+  // gather (`toRoot`) or scatter of this rank's tensor in `mine` with the
+  // root's per-rank `lists` (backend/ops/point_to_point.cpp).
+  template <typename Opts>
+  c10::intrusive_ptr<c10d::Work> exchangeWithRoot(
+      std::vector<std::vector<at::Tensor>>& lists,
+      std::vector<at::Tensor>& mine,
+      const Opts& opts,
+      bool toRoot);
 
 #ifdef C10D_BACKEND_HAS_WINDOW
   friend class TorchWindow;
-  // One op of a torch Window toward `peer` on `device`
-  // (backend/ops/windows.cpp): `enqueue` puts it on the stream given, through
-  // launch(), so it is numbered, profiled and timed like the group's other ops.
+  // One op of a torch Window on `device` (backend/ops/windows.cpp): `enqueue`
+  // puts it on the stream given, through launch(), so it is numbered,
+  // profiled and timed like the group's other ops.
   c10::intrusive_ptr<c10d::Work> runWindowOp(
-      const char* name,
-      int peer,
-      bool waits,
-      bool asyncOp,
+      WindowOp op,
       at::Device device,
-      std::chrono::milliseconds timeout,
-      std::vector<at::Tensor> inputs,
       c10::function_ref<void(cudaStream_t)> enqueue);
 #endif
 
@@ -482,8 +504,9 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
       int size,
       int device,
       const std::string& name,
-      const std::function<bool()>& abandon,
-      const std::function<void(const std::shared_ptr<Communicator>&)>& started);
+      const std::function<bool()>& abandon = {},
+      const std::function<void(const std::shared_ptr<Communicator>&)>& started =
+          {});
   void setupCommunicator(std::shared_ptr<Communicator> comm);
   at::Device deviceForOpWithoutTensors(const std::vector<int64_t>& deviceIds);
   void teardown(const std::string& reason);
@@ -493,7 +516,8 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   // NCCL >= 2.32 ends ncclCommFinalize with a barrier of the communicator's
   // ranks on this host (commDestroySync), where a rank waits for ever for a
   // peer that aborted or never finalizes. The ranks meet in the store first,
-  // bounded by the group's timeout: whether every one of them finalizes.
+  // bounded by the group's timeout, each saying whether it can finalize:
+  // whether every one of them will (then the watchdog is stopped).
   bool finalizeMeeting() noexcept;
   // Whether every enqueued op finished; true too when CUDA cannot say.
   bool idleOrBroken() noexcept;

@@ -38,10 +38,7 @@ c10::intrusive_ptr<NcclCoreBackend> NcclCoreBackend::child(
     globalRanks.push_back(globalRanks_[member]);
   }
   return c10::make_intrusive<NcclCoreBackend>(
-      store,
-      rank,
-      size,
-      std::move(name),
+      Membership{store, rank, size, std::move(name)},
       std::make_shared<NcclCoreOptions>(*options_),
       timeout,
       std::move(comm),
@@ -162,9 +159,7 @@ c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::shrink(
         rank,
         static_cast<int>(members.size()),
         deviceForOpWithoutTensors({}).index(),
-        name,
-        {},
-        {});
+        name);
     return child(
         store_, std::move(comm), std::move(name), optsOverride, members);
   }

@@ -130,24 +130,21 @@ c10::intrusive_ptr<NcclCoreBackend> NcclCoreBackend::grow(
     leaveRendezvous(*store, kMeeting, newSize);
   }
   return c10::make_intrusive<NcclCoreBackend>(
-      store,
-      getRank(),
-      newSize,
-      std::move(name),
+      Membership{store, getRank(), newSize, std::move(name)},
       std::make_shared<NcclCoreOptions>(*options_),
       timeout,
       std::move(comm));
 }
 
 c10::intrusive_ptr<NcclCoreBackend> NcclCoreBackend::join(
-    const c10::intrusive_ptr<c10d::Store>& store,
-    int rank,
-    int size,
-    std::string name,
+    Membership member,
     std::shared_ptr<const NcclCoreOptions> options,
     std::chrono::milliseconds timeout,
     int device) {
   constexpr const char* kOp = "join";
+  c10d::Store& store = *member.store;
+  const int rank = member.rank;
+  const int size = member.size;
   Communicator::requireGrowSupport(*options->api, kOp);
   NCCL_CORE_CHECK_ARG(
       rank >= 0 && rank < size,
@@ -156,8 +153,8 @@ c10::intrusive_ptr<NcclCoreBackend> NcclCoreBackend::join(
       size,
       "), got ",
       rank);
-  const std::string label = c10::str("group '", name, "'");
-  const Plan plan = awaitPlan(*store, timeout, label);
+  const std::string label = c10::str("group '", member.name, "'");
+  const Plan plan = awaitPlan(store, timeout, label);
   NCCL_CORE_CHECK_ARG(
       plan.newSize == size,
       kOp,
@@ -180,7 +177,7 @@ c10::intrusive_ptr<NcclCoreBackend> NcclCoreBackend::join(
       " to ",
       size - 1);
   NCCL_CORE_CHECK_ARG(
-      firstTime(*store, "joined", rank),
+      firstTime(store, "joined", rank),
       kOp,
       "rank ",
       rank,
@@ -191,7 +188,7 @@ c10::intrusive_ptr<NcclCoreBackend> NcclCoreBackend::join(
   const std::chrono::milliseconds groupTimeout(plan.timeoutMs);
   // Never rank 0 (the growing group's): it makes no id.
   const ncclUniqueId id =
-      rendezvous({*store, kMeeting, groupTimeout, label}, rank, size, [] {
+      rendezvous({store, kMeeting, groupTimeout, label}, rank, size, [] {
         return ncclUniqueId{};
       });
   auto comm = Communicator::create(
@@ -202,13 +199,7 @@ c10::intrusive_ptr<NcclCoreBackend> NcclCoreBackend::join(
       nullptr,
       Communicator::Joining::Grow);
   return c10::make_intrusive<NcclCoreBackend>(
-      store,
-      rank,
-      size,
-      std::move(name),
-      std::move(options),
-      groupTimeout,
-      std::move(comm));
+      std::move(member), std::move(options), groupTimeout, std::move(comm));
 }
 
 } // namespace nccl_core

@@ -3,6 +3,8 @@
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
+#include <optional>
+
 #include <nccl_device.h>
 
 #include "nccl/api.h"
@@ -58,30 +60,39 @@ CommCapabilities queryCapabilities(Communicator& comm, const char* op) {
   return made;
 }
 
-bool supportsWindows(Communicator& comm) {
+namespace {
+// What NCCL gave `comm`, where NCCL can say (>= 2.29, the build's release).
+std::optional<CommCapabilities>
+knownCapabilities(Communicator& comm, const char* op) {
   if (runtimeVersion().code < NCCL_VERSION(2, 29, 0)) {
-    return true;
+    return std::nullopt;
   }
   try {
-    return queryCapabilities(comm, "supports_windows").deviceApi;
+    return queryCapabilities(comm, op);
   } catch (const c10::NotImplementedError&) {
-    return true;
+    return std::nullopt;
   }
+}
+} // namespace
+
+bool supportsWindows(Communicator& comm) {
+  const auto can = knownCapabilities(comm, "supports_windows");
+  return !can || can->deviceApi;
 }
 
 std::string noWindowReason(Communicator& comm) {
-  if (supportsWindows(comm)) {
+  const auto can = knownCapabilities(comm, "register_window");
+  if (!can || can->deviceApi) {
     return "NCCL returned no window: windows are unsupported here";
   }
   // NCCL >= 2.29 gives a communicator symmetric memory only where its ranks
   // form one load/store team or GIN reaches every rank (init.cc).
-  const CommCapabilities can = queryCapabilities(comm, "register_window");
   return c10::str(
       "NCCL returned no window: this communicator has no symmetric memory "
       "(ncclCommQueryProperties: deviceApiSupport 0, ",
-      can.lsaTeams,
+      can->lsaTeams,
       " load/store teams, GIN type ",
-      can.ginType,
+      can->ginType,
       "); NCCL >= 2.29 registers windows between ranks that are not load/"
       "store reachable only over GPU-initiated networking (GIN), which NCCL "
       "did not bring up here (NCCL_DEBUG=INFO says why)");

@@ -376,11 +376,15 @@ bool Communicator::stopKernels() noexcept {
   }
 }
 
-bool Communicator::flush() noexcept {
+bool Communicator::finalizable() const noexcept {
   // NCCL's finalize also waits for the CUDA graphs that captured its work. A
   // suspended communicator has no op in flight, and no memory to finalize.
-  if (capturedGraphs_.live() > 0 || isSuspended() || isAborted() ||
-      finalizing_.load()) {
+  return capturedGraphs_.live() == 0 && !isSuspended() && !isAborted() &&
+         !finalizing_.load();
+}
+
+bool Communicator::flush() noexcept {
+  if (!finalizable()) {
     return false;
   }
   if (!nonblocking_) {

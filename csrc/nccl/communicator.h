@@ -243,6 +243,9 @@ class Communicator final : public AllocationObserver,
   // finish on a thread of its own, and the abort that follows frees the
   // communicator when it does.
   bool flush() noexcept;
+  // Whether flush would finalize: not aborted, suspended or finalizing, and
+  // no CUDA graph that captured its work alive.
+  bool finalizable() const noexcept;
   // The same, telling `instead` too: a listener that is being destroyed can
   // no longer be reached as one.
   void abort(CommunicatorListener& instead) noexcept;

@@ -281,29 +281,6 @@ int checkedOpCount(int64_t count, const char* op) {
   return static_cast<int>(count);
 }
 
-size_t checkedOffsetBytes(
-    int64_t offset,
-    size_t bytes,
-    size_t elementSize,
-    size_t windowBytes,
-    const char* op,
-    int peer) {
-  NCCL_CORE_CHECK_ARG(
-      offset >= 0 && bytes <= windowBytes &&
-          static_cast<uint64_t>(offset) <= (windowBytes - bytes) / elementSize,
-      op,
-      bytes,
-      " bytes at element offset ",
-      offset,
-      " do not fit in the window (",
-      windowBytes,
-      " bytes",
-      peer >= 0 ? c10::str(" at rank ", peer) : std::string(),
-      "); expected 0 <= offset and offset * element size + bytes <= "
-      "window size");
-  return static_cast<size_t>(offset) * elementSize;
-}
-
 OneSidedEngine oneSidedEngine() {
   static const OneSidedEngine engine = [] {
     const auto value = c10::utils::get_env("TORCH_NCCL_CORE_ONE_SIDED_ENGINE");

@@ -126,16 +126,6 @@ class OneSidedLink {
 // ValueError naming `op`.
 void checkPeer(const Communicator& comm, int64_t peer, const char* op);
 int checkedOpCount(int64_t count, const char* op);
-// `offset` elements of `elementSize` bytes into a window of `windowBytes`
-// (`peer`'s part of it, when given), with room for `bytes` after it; computed
-// without overflow.
-size_t checkedOffsetBytes(
-    int64_t offset,
-    size_t bytes,
-    size_t elementSize,
-    size_t windowBytes,
-    const char* op,
-    int peer = -1);
 
 // Window registration is collective, but ranks may register different sizes
 // (NCCL does not refuse it, and from 2.30 maps each rank's own size), so a

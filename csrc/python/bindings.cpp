@@ -216,10 +216,7 @@ void bindBackend(py::module_& m) {
                 "), got ",
                 globalRanks.size());
             return c10::make_intrusive<NcclCoreBackend>(
-                store,
-                rank,
-                size,
-                std::move(groupName),
+                Membership{store, rank, size, std::move(groupName)},
                 std::make_shared<const NcclCoreOptions>(options),
                 defaultTimeout,
                 nullptr,
@@ -250,10 +247,7 @@ void bindBackend(py::module_& m) {
              std::chrono::milliseconds timeout,
              int device) {
             return NcclCoreBackend::join(
-                store,
-                rank,
-                size,
-                std::move(groupName),
+                Membership{store, rank, size, std::move(groupName)},
                 std::make_shared<const NcclCoreOptions>(options),
                 timeout,
                 device);

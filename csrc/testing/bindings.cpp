@@ -113,15 +113,16 @@ class WatchdogUnderTest {
       : comm_(comm),
         failure_(std::make_shared<FailureState>()),
         watchdog_(
-            std::move(comm),
-            failure_,
-            std::move(store),
-            std::move(group),
-            std::move(abortKey),
-            timeout,
-            std::make_shared<EventPool>(0),
-            hooks_,
-            ephemeral_) {}
+            WatchedGroup{
+                std::move(comm),
+                failure_,
+                std::move(store),
+                std::move(group),
+                std::move(abortKey),
+                std::make_shared<EventPool>(0),
+                hooks_,
+                ephemeral_},
+            timeout) {}
 
   std::optional<std::string> failure() const {
     return failure_->failed() ? std::optional(failure_->message())

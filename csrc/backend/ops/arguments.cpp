@@ -9,6 +9,35 @@
 
 namespace nccl_core {
 
+namespace {
+// Where `src` lands `offset` elements into `peer`'s part of `window` (in
+// bytes), with room for all of it; computed without overflow.
+size_t checkedOffsetBytes(
+    const at::Tensor& src,
+    const Window& window,
+    int peer,
+    int64_t offset,
+    const char* op) {
+  const size_t bytes = src.nbytes();
+  const size_t windowBytes = peerWindowBytes(window, peer);
+  NCCL_CORE_CHECK_ARG(
+      offset >= 0 && bytes <= windowBytes &&
+          static_cast<uint64_t>(offset) <=
+              (windowBytes - bytes) / src.element_size(),
+      op,
+      bytes,
+      " bytes at element offset ",
+      offset,
+      " do not fit in the window (",
+      windowBytes,
+      " bytes at rank ",
+      peer,
+      "); expected 0 <= offset and offset * element size + bytes <= "
+      "window size");
+  return static_cast<size_t>(offset) * src.element_size();
+}
+} // namespace
+
 NcclBuffer bufferOf(const at::Tensor& tensor, const char* op) {
   const auto element = ncclElementType(tensor.scalar_type());
   NCCL_CORE_CHECK_ARG_TYPE(
@@ -107,10 +136,10 @@ void checkPaired(
 void checkPerRankList(
     const std::vector<at::Tensor>& list,
     int worldSize,
-    c10::DeviceIndex device,
-    at::ScalarType dtype,
+    const at::Tensor& like,
     const char* op,
     const char* what) {
+  const at::ScalarType dtype = like.scalar_type();
   NCCL_CORE_CHECK_ARG(
       static_cast<int>(list.size()) == worldSize,
       op,
@@ -120,7 +149,7 @@ void checkPerRankList(
       "), got ",
       list.size());
   for (const auto& tensor : list) {
-    checkTensor(tensor, device, op, what);
+    checkTensor(tensor, like.device().index(), op, what);
     NCCL_CORE_CHECK_ARG_TYPE(
         tensor.scalar_type() == dtype,
         op,
@@ -156,21 +185,14 @@ PutSignal checkedPutSignal(
   checkTensor(src, static_cast<c10::DeviceIndex>(comm.device()), op, "src");
   const NcclBuffer buf = bufferOf(src, op);
   const auto target = static_cast<int>(peer);
-  const size_t bytes = src.nbytes();
   return PutSignal{
       buf.ptr,
       buf.count,
       buf.dtype,
-      bytes,
+      src.nbytes(),
       target,
       window,
-      checkedOffsetBytes(
-          offset,
-          bytes,
-          src.element_size(),
-          peerWindowBytes(window, target),
-          op,
-          target)};
+      checkedOffsetBytes(src, window, target, offset, op)};
 }
 
 } // namespace nccl_core

@@ -44,13 +44,12 @@ void checkOutput(
     c10::DeviceIndex device,
     const char* op);
 
-// One entry per rank in `list` (e.g. all_gather outputs), each checked and of
-// `dtype`.
+// One entry per rank in `list` (e.g. all_gather outputs), each checked and on
+// the device and of the dtype of `like` (the op's tensor on this rank).
 void checkPerRankList(
     const std::vector<at::Tensor>& list,
     int worldSize,
-    c10::DeviceIndex device,
-    at::ScalarType dtype,
+    const at::Tensor& like,
     const char* op,
     const char* what);
 

@@ -171,15 +171,14 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather(
   const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "allgather";
   const at::Tensor& input = singleTensor(inputs, kOp, "input");
-  const c10::DeviceIndex device = deviceForOp(input, kOp, "input");
+  deviceForOp(input, kOp, "input");
   NCCL_CORE_CHECK_ARG(
       outputs.size() == 1,
       kOp,
       "expected one output list, got ",
       outputs.size());
   std::vector<at::Tensor>& list = outputs.front();
-  checkPerRankList(
-      list, getSize(), device, input.scalar_type(), kOp, "output list");
+  checkPerRankList(list, getSize(), input, kOp, "output list");
   checkNumel(list[getRank()], input.numel(), kOp, "this rank's output");
   // One broadcast per rank in a group: also gathers tensors of different
   // sizes per rank.
@@ -300,12 +299,11 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::reduce_scatter(
   const EndCoalescingOnError endOnError(*this);
   constexpr const char* kOp = "reduce_scatter";
   const at::Tensor& output = singleTensor(outputs, kOp, "output");
-  const c10::DeviceIndex device = deviceForOp(output, kOp, "output");
+  deviceForOp(output, kOp, "output");
   NCCL_CORE_CHECK_ARG(
       inputs.size() == 1, kOp, "expected one input list, got ", inputs.size());
   std::vector<at::Tensor>& list = inputs.front();
-  checkPerRankList(
-      list, getSize(), device, output.scalar_type(), kOp, "input list");
+  checkPerRankList(list, getSize(), output, kOp, "input list");
   checkNumel(list[getRank()], output.numel(), kOp, "this rank's input");
   const NcclBuffer out = bufferOf(output, kOp);
   const NcclReduceOp op(opts.reduceOp, output, *comm_, kOp);

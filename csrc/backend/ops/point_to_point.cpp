@@ -84,7 +84,6 @@ std::vector<at::Tensor> rootListOf(
     const at::Tensor& mine,
     bool isRoot,
     int size,
-    c10::DeviceIndex device,
     const char* op,
     const std::string& what) {
   if (!isRoot) {
@@ -104,8 +103,7 @@ std::vector<at::Tensor> rootListOf(
       " list, got ",
       lists.size());
   const std::string listName = what + " list";
-  checkPerRankList(
-      lists.front(), size, device, mine.scalar_type(), op, listName.c_str());
+  checkPerRankList(lists.front(), size, mine, op, listName.c_str());
   for (const auto& tensor : lists.front()) {
     NCCL_CORE_CHECK_ARG(
         tensor.numel() == mine.numel(),
@@ -201,58 +199,53 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::send(
     std::vector<at::Tensor>& tensors,
     int dstRank,
     int /*tag*/) {
-  const EndCoalescingOnError endOnError(*this);
-  constexpr const char* kOp = "send";
-  const at::Tensor& tensor = singleTensor(tensors, kOp, "tensor");
-  deviceForOp(tensor, kOp, "tensor");
-  checkRank(dstRank, getSize(), kOp, "destination rank");
-  // Outside a coalesced group nothing could ever match it.
-  NCCL_CORE_CHECK_ARG(
-      coalescing_ || dstRank != getRank(),
-      "send",
-      "peer ",
-      dstRank,
-      " is this rank; a send to itself needs its matching recv in the same "
-      "batch_isend_irecv");
-  return launch(
-      OpCall{
-          c10d::OpType::SEND, kOp, tensor.device(), true, c10d::kUnsetTimeout},
-      {},
-      {tensor},
-      [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
-        return sendBytes(
-            api, tensor.data_ptr(), tensor.nbytes(), dstRank, comm, stream);
-      },
-      LaunchOptions::withPeer(dstRank));
+  return pointToPoint(tensors, dstRank, /*sends=*/true);
 }
 
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::recv(
     std::vector<at::Tensor>& tensors,
     int srcRank,
     int /*tag*/) {
+  return pointToPoint(tensors, srcRank, /*sends=*/false);
+}
+
+c10::intrusive_ptr<c10d::Work> NcclCoreBackend::pointToPoint(
+    std::vector<at::Tensor>& tensors,
+    int peer,
+    bool sends) {
   const EndCoalescingOnError endOnError(*this);
-  constexpr const char* kOp = "recv";
-  const at::Tensor& tensor = singleTensor(tensors, kOp, "tensor");
-  deviceForOp(tensor, kOp, "tensor");
-  checkRank(srcRank, getSize(), kOp, "source rank");
+  const char* op = sends ? "send" : "recv";
+  const at::Tensor& tensor = singleTensor(tensors, op, "tensor");
+  deviceForOp(tensor, op, "tensor");
+  checkRank(peer, getSize(), op, sends ? "destination rank" : "source rank");
   // Outside a coalesced group nothing could ever match it.
   NCCL_CORE_CHECK_ARG(
-      coalescing_ || srcRank != getRank(),
-      "recv",
+      coalescing_ || peer != getRank(),
+      op,
       "peer ",
-      srcRank,
-      " is this rank; a recv to itself needs its matching send in the same "
-      "batch_isend_irecv");
+      peer,
+      " is this rank; a ",
+      op,
+      " to itself needs its matching ",
+      sends ? "recv" : "send",
+      " in the same batch_isend_irecv");
+  std::vector<at::Tensor> moved{tensor};
   return launch(
       OpCall{
-          c10d::OpType::RECV, kOp, tensor.device(), true, c10d::kUnsetTimeout},
-      {tensor},
-      {},
+          sends ? c10d::OpType::SEND : c10d::OpType::RECV,
+          op,
+          tensor.device(),
+          true,
+          c10d::kUnsetTimeout},
+      sends ? std::vector<at::Tensor>{} : moved,
+      sends ? moved : std::vector<at::Tensor>{},
       [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
-        return recvBytes(
-            api, tensor.data_ptr(), tensor.nbytes(), srcRank, comm, stream);
+        void* data = tensor.data_ptr();
+        const size_t bytes = tensor.nbytes();
+        return sends ? sendBytes(api, data, bytes, peer, comm, stream)
+                     : recvBytes(api, data, bytes, peer, comm, stream);
       },
-      LaunchOptions::withPeer(srcRank));
+      LaunchOptions::withPeer(peer));
 }
 
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::recvAnysource(
@@ -269,47 +262,49 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::gather(
     std::vector<std::vector<at::Tensor>>& outputs,
     std::vector<at::Tensor>& inputs,
     const c10d::GatherOptions& opts) {
-  const EndCoalescingOnError endOnError(*this);
-  constexpr const char* kOp = "gather";
-  const at::Tensor& input = singleTensor(inputs, kOp, "input");
-  const c10::DeviceIndex device = deviceForOp(input, kOp, "input");
-  checkRank(opts.rootRank, getSize(), kOp, "root");
-  const int root = static_cast<int>(opts.rootRank);
-  const RootExchange exchange{
-      root,
-      rootListOf(
-          outputs, input, getRank() == root, getSize(), device, kOp, "output"),
-      input,
-      /*toRoot=*/true};
-  return launch(
-      OpCall::of(c10d::OpType::GATHER, kOp, input, opts),
-      exchange.list,
-      {input},
-      [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
-        return exchange.enqueue(api, getRank(), getSize(), comm, stream);
-      });
+  return exchangeWithRoot(outputs, inputs, opts, /*toRoot=*/true);
 }
 
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::scatter(
     std::vector<at::Tensor>& outputs,
     std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ScatterOptions& opts) {
+  return exchangeWithRoot(inputs, outputs, opts, /*toRoot=*/false);
+}
+
+template <typename Opts>
+c10::intrusive_ptr<c10d::Work> NcclCoreBackend::exchangeWithRoot(
+    std::vector<std::vector<at::Tensor>>& lists,
+    std::vector<at::Tensor>& mine,
+    const Opts& opts,
+    bool toRoot) {
   const EndCoalescingOnError endOnError(*this);
-  constexpr const char* kOp = "scatter";
-  const at::Tensor& output = singleTensor(outputs, kOp, "output");
-  const c10::DeviceIndex device = deviceForOp(output, kOp, "output");
-  checkRank(opts.rootRank, getSize(), kOp, "root");
+  const char* op = toRoot ? "gather" : "scatter";
+  const char* mineIs = toRoot ? "input" : "output";
+  const at::Tensor& tensor = singleTensor(mine, op, mineIs);
+  deviceForOp(tensor, op, mineIs);
+  checkRank(opts.rootRank, getSize(), op, "root");
   const int root = static_cast<int>(opts.rootRank);
   const RootExchange exchange{
       root,
       rootListOf(
-          inputs, output, getRank() == root, getSize(), device, kOp, "input"),
-      output,
-      /*toRoot=*/false};
+          lists,
+          tensor,
+          getRank() == root,
+          getSize(),
+          op,
+          toRoot ? "output" : "input"),
+      tensor,
+      toRoot};
+  std::vector<at::Tensor> own{tensor};
   return launch(
-      OpCall::of(c10d::OpType::SCATTER, kOp, output, opts),
-      {output},
-      exchange.list,
+      OpCall::of(
+          toRoot ? c10d::OpType::GATHER : c10d::OpType::SCATTER,
+          op,
+          tensor,
+          opts),
+      toRoot ? exchange.list : own,
+      toRoot ? own : exchange.list,
       [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
         return exchange.enqueue(api, getRank(), getSize(), comm, stream);
       });
@@ -358,10 +353,9 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::alltoall(
   constexpr const char* kOp = "alltoall";
   NCCL_CORE_CHECK_ARG(
       !inputs.empty(), kOp, "expected one input per rank, got none");
-  const c10::DeviceIndex device = deviceForOp(inputs.front(), kOp, "input");
-  const at::ScalarType dtype = inputs.front().scalar_type();
-  checkPerRankList(inputs, getSize(), device, dtype, kOp, "input list");
-  checkPerRankList(outputs, getSize(), device, dtype, kOp, "output list");
+  deviceForOp(inputs.front(), kOp, "input");
+  checkPerRankList(inputs, getSize(), inputs.front(), kOp, "input list");
+  checkPerRankList(outputs, getSize(), inputs.front(), kOp, "output list");
   return launch(
       OpCall::of(c10d::OpType::ALLTOALL, kOp, inputs.front(), opts),
       outputs,

@@ -27,24 +27,19 @@ NcclCoreBackend::new_window(const std::optional<at::Tensor>& tensor) {
 }
 
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::runWindowOp(
-    const char* name,
-    int peer,
-    bool waits,
-    bool asyncOp,
+    WindowOp op,
     at::Device device,
-    std::chrono::milliseconds timeout,
-    std::vector<at::Tensor> inputs,
     c10::function_ref<void(cudaStream_t)> enqueue) {
-  refuseInsideCoalescing(name);
+  refuseInsideCoalescing(op.name);
   SyncOpDetail detail;
-  detail.addPeer(peer);
-  detail.waitsOnPeers = waits;
-  LaunchOptions options = LaunchOptions::withPeer(peer);
+  detail.addPeer(op.peer);
+  detail.waitsOnPeers = op.waits;
+  LaunchOptions options = LaunchOptions::withPeer(op.peer);
   options.oneSided = &detail;
   return launch(
-      OpCall{c10d::OpType::UNKNOWN, name, device, asyncOp, timeout},
+      OpCall{c10d::OpType::UNKNOWN, op.name, device, op.asyncOp, op.timeout},
       {},
-      std::move(inputs),
+      std::move(op.inputs),
       [&](const NcclApi&, ncclComm_t, cudaStream_t stream) {
         enqueue(stream);
         return ncclSuccess;
@@ -150,22 +145,11 @@ int TorchWindow::checkedPeer(int64_t peer, const char* op) const {
   return static_cast<int>(peer);
 }
 
-c10::intrusive_ptr<c10d::Work> TorchWindow::run(
-    const char* op,
-    int peer,
-    bool waits,
-    bool asyncOp,
-    std::chrono::milliseconds timeout,
-    std::vector<at::Tensor> inputs,
-    c10::function_ref<void(cudaStream_t)> enqueue) {
+c10::intrusive_ptr<c10d::Work>
+TorchWindow::run(WindowOp op, c10::function_ref<void(cudaStream_t)> enqueue) {
   return backend_->runWindowOp(
-      op,
-      peer,
-      waits,
-      asyncOp,
+      std::move(op),
       at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(comm_->device())),
-      timeout,
-      std::move(inputs),
       enqueue);
 }
 
@@ -190,12 +174,7 @@ c10::intrusive_ptr<c10d::Work> TorchWindow::put(
       peerDtypes_[peer],
       " (offsets count elements of the window's dtype)");
   return run(
-      kOp,
-      put.peer,
-      /*waits=*/false,
-      asyncOp,
-      opts.timeout,
-      {tensor},
+      {kOp, put.peer, /*waits=*/false, asyncOp, opts.timeout, {tensor}},
       [&](cudaStream_t stream) { enqueuePutSignal(*comm_, put, stream); });
 }
 
@@ -203,32 +182,30 @@ c10::intrusive_ptr<c10d::Work> TorchWindow::signal(
     int64_t peerRank,
     bool asyncOp,
     const c10d::SignalOptions& opts) {
-  const int peer = checkedPeer(peerRank, "signal");
-  return run(
-      "signal",
-      peer,
-      /*waits=*/false,
-      asyncOp,
-      opts.timeout,
-      {},
-      [&](cudaStream_t stream) { enqueueSignal(*comm_, peer, stream); });
+  return signalling(peerRank, asyncOp, opts.timeout, /*waits=*/false);
 }
 
 c10::intrusive_ptr<c10d::Work> TorchWindow::wait_signal(
     int64_t peerRank,
     bool asyncOp,
     const c10d::WaitSignalOptions& opts) {
-  const int peer = checkedPeer(peerRank, "wait_signal");
-  return run(
-      "wait_signal",
-      peer,
-      /*waits=*/true,
-      asyncOp,
-      opts.timeout,
-      {},
-      [&](cudaStream_t stream) {
-        enqueueWaitSignal(*comm_, {WaitSignalDesc{peer}}, stream);
-      });
+  return signalling(peerRank, asyncOp, opts.timeout, /*waits=*/true);
+}
+
+c10::intrusive_ptr<c10d::Work> TorchWindow::signalling(
+    int64_t peerRank,
+    bool asyncOp,
+    std::chrono::milliseconds timeout,
+    bool waits) {
+  const char* op = waits ? "wait_signal" : "signal";
+  const int peer = checkedPeer(peerRank, op);
+  return run({op, peer, waits, asyncOp, timeout, {}}, [&](cudaStream_t stream) {
+    if (waits) {
+      enqueueWaitSignal(*comm_, {WaitSignalDesc{peer}}, stream);
+    } else {
+      enqueueSignal(*comm_, peer, stream);
+    }
+  });
 }
 
 at::Tensor TorchWindow::map_remote_tensor(int64_t rank) {

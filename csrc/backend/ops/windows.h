@@ -61,15 +61,15 @@ class TorchWindow final : public c10d::Window {
   // `peer` as another rank of the group, once the window holds a tensor
   // (ValueError, RuntimeError naming `op` otherwise).
   int checkedPeer(int64_t peer, const char* op) const;
-  // Runs one op toward `peer` as an op of the group (runWindowOp).
-  c10::intrusive_ptr<c10d::Work>
-  run(const char* op,
-      int peer,
-      bool waits,
+  // signal (or, `waits`, wait_signal) toward `peerRank`.
+  c10::intrusive_ptr<c10d::Work> signalling(
+      int64_t peerRank,
       bool asyncOp,
       std::chrono::milliseconds timeout,
-      std::vector<at::Tensor> inputs,
-      c10::function_ref<void(cudaStream_t)> enqueue);
+      bool waits);
+  // Runs `op` as an op of the group (runWindowOp).
+  c10::intrusive_ptr<c10d::Work>
+  run(WindowOp op, c10::function_ref<void(cudaStream_t)> enqueue);
 
   const c10::intrusive_ptr<NcclCoreBackend> backend_;
   // Set by tensor_register.

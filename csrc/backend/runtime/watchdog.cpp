@@ -28,27 +28,17 @@ syncSpan(std::chrono::milliseconds timeout) {
 }
 } // namespace
 
-Watchdog::Watchdog(
-    std::shared_ptr<Communicator> comm,
-    std::shared_ptr<FailureState> failure,
-    c10::intrusive_ptr<c10d::Store> store,
-    std::string groupName,
-    std::string abortKey,
-    std::chrono::milliseconds timeout,
-    std::shared_ptr<EventPool> events,
-    std::shared_ptr<BackendHooks> hooks,
-    std::shared_ptr<EphemeralTimeouts> ephemeral,
-    std::optional<size_t> traceGroup)
-    : comm_(std::move(comm)),
-      failure_(std::move(failure)),
-      hooks_(std::move(hooks)),
-      ephemeral_(std::move(ephemeral)),
-      store_(std::move(store)),
-      groupName_(std::move(groupName)),
-      abortKey_(std::move(abortKey)),
-      traceGroup_(traceGroup),
+Watchdog::Watchdog(WatchedGroup group, std::chrono::milliseconds timeout)
+    : comm_(std::move(group.comm)),
+      failure_(std::move(group.failure)),
+      hooks_(std::move(group.hooks)),
+      ephemeral_(std::move(group.ephemeral)),
+      store_(std::move(group.store)),
+      groupName_(std::move(group.name)),
+      abortKey_(std::move(group.abortKey)),
+      traceGroup_(group.traceGroup),
       timeout_(timeout),
-      syncOps_(CudaSpanEvents{std::move(events)}, syncSpan(timeout)),
+      syncOps_(CudaSpanEvents{std::move(group.events)}, syncSpan(timeout)),
       thread_([this] { run(); }) {}
 
 Watchdog::~Watchdog() {

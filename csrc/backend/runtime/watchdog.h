@@ -35,19 +35,24 @@
 
 namespace nccl_core {
 
+// The group a watchdog watches: its communicator and failure record, the
+// store where its ranks tell each other of a failure (under `abortKey`), and
+// what a failure or a finished op is reported to.
+struct WatchedGroup {
+  std::shared_ptr<Communicator> comm;
+  std::shared_ptr<FailureState> failure;
+  c10::intrusive_ptr<c10d::Store> store;
+  std::string name;
+  std::string abortKey;
+  std::shared_ptr<EventPool> events;
+  std::shared_ptr<BackendHooks> hooks;
+  std::shared_ptr<EphemeralTimeouts> ephemeral;
+  std::optional<size_t> traceGroup = std::nullopt;
+};
+
 class Watchdog {
  public:
-  Watchdog(
-      std::shared_ptr<Communicator> comm,
-      std::shared_ptr<FailureState> failure,
-      c10::intrusive_ptr<c10d::Store> store,
-      std::string groupName,
-      std::string abortKey,
-      std::chrono::milliseconds timeout,
-      std::shared_ptr<EventPool> events,
-      std::shared_ptr<BackendHooks> hooks,
-      std::shared_ptr<EphemeralTimeouts> ephemeral,
-      std::optional<size_t> traceGroup = std::nullopt);
+  Watchdog(WatchedGroup group, std::chrono::milliseconds timeout);
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
   ~Watchdog();

@@ -34,25 +34,6 @@ const std::vector<at::Tensor>& sentTensors(
   }
 }
 
-NcclWork::NcclWork(
-    OpInfo info,
-    at::Device device,
-    std::shared_ptr<const std::string> groupName,
-    EventPool::Event end,
-    std::chrono::milliseconds timeout,
-    std::vector<at::Tensor> outputs,
-    std::vector<at::Tensor> stash,
-    bool blocksHost)
-    : c10d::Work(-1, info.type),
-      info_(info),
-      device_(device),
-      groupName_(std::move(groupName)),
-      end_(std::move(end)),
-      deadline_(std::chrono::steady_clock::now() + timeout),
-      blocksHost_(blocksHost),
-      outputs_(std::move(outputs)),
-      stash_(std::move(stash)) {}
-
 NcclWork::~NcclWork() = default;
 
 void NcclWork::setTiming(std::unique_ptr<OpTiming> timing) {

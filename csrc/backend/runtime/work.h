@@ -14,10 +14,9 @@
 
 #include "backend/runtime/event_pool.h"
 #include "backend/runtime/failure.h"
+#include "backend/runtime/op_timing.h"
 
 namespace nccl_core {
-
-struct OpTiming; // op_timing.h
 
 struct OpInfo {
   c10d::OpType type;
@@ -49,7 +48,16 @@ class NcclWork : public c10d::Work {
       std::chrono::milliseconds timeout,
       std::vector<at::Tensor> outputs,
       std::vector<at::Tensor> stash,
-      bool blocksHost);
+      bool blocksHost)
+      : c10d::Work(-1, info.type),
+        info_(info),
+        device_(device),
+        groupName_(std::move(groupName)),
+        end_(std::move(end)),
+        deadline_(std::chrono::steady_clock::now() + timeout),
+        blocksHost_(blocksHost),
+        outputs_(std::move(outputs)),
+        stash_(std::move(stash)) {}
   ~NcclWork() override;
 
   bool isCompleted() override;
