@@ -484,8 +484,11 @@ void NcclCoreBackend::teardown(const std::string& reason) {
 
 void NcclCoreBackend::teardownWithoutFinalizing(const std::string& reason) {
   teardown(reason);
-  if (!comm_ || !hasFeature(Feature::FinalizeWaitsForHost)) {
-    return; // no communicator: no peer can be finalizing one with this rank
+  // Without a communicator no peer can be finalizing one with this rank; a
+  // meeting this rank came to or gave up is settled already.
+  if (!comm_ || !hasFeature(Feature::FinalizeWaitsForHost) ||
+      finalizeSettled_.exchange(true)) {
+    return;
   }
   try {
     giveUpMeeting(*store_, storeKey("finalize"));
@@ -500,15 +503,24 @@ bool NcclCoreBackend::finalizeMeeting() noexcept {
   if (!hasFeature(Feature::FinalizeWaitsForHost)) {
     return true;
   }
-  // A rank that could not finalize (a CUDA graph that captured the group's
-  // work alive) says so: the others then abort too.
-  const auto twin = routes_->twin();
-  const bool finalizable =
-      comm_->finalizable() && (!twin || twin->finalizable());
+  finalizeSettled_.store(true);
   try {
+    {
+      // The group is idle: no failure may now abort a communicator that its
+      // peers finalize. A peer that fails meanwhile gives the meeting up.
+      const std::lock_guard<std::mutex> lock(initMutex_);
+      watchdog_->stop();
+    }
+    // Each rank's vote: 0 where it cannot finalize (a CUDA graph that
+    // captured the group's work alive), 1 without a twin, size + 1 with one
+    // (a twin that one rank lacks would leave the others in its barrier).
+    const auto twin = routes_->twin();
+    const int64_t size = getSize();
+    const bool finalizable = !failure_->failed() && comm_->finalizable() &&
+                             (!twin || twin->finalizable());
     std::vector<int> ranks(getSize());
     std::iota(ranks.begin(), ranks.end(), 0);
-    const int64_t willFinalize = meet(
+    const int64_t votes = meet(
         {*store_,
          storeKey("finalize"),
          timeout_.load(),
@@ -516,14 +528,11 @@ bool NcclCoreBackend::finalizeMeeting() noexcept {
          [this] { return failure_->failed(); }},
         getRank(),
         ranks,
-        finalizable ? 1 : 0);
-    // From here a failure must not abort the communicator under NCCL's
-    // barrier: the group is idle, and every rank finalizes.
-    watchdog_->stop();
-    if (willFinalize < getSize()) {
-      LOG(INFO) << "[nccl_core] group '" << *groupName_ << "' is aborted, not "
-                << "finalized: " << getSize() - willFinalize
-                << " rank(s) have CUDA graphs that captured its work alive";
+        finalizable ? (twin ? size + 1 : 1) : 0);
+    if (votes != (twin ? size * (size + 1) : size)) {
+      LOG(INFO) << "[nccl_core] group '" << *groupName_
+                << "' is aborted, not finalized: not every rank can finalize "
+                   "it (a CUDA graph that captured its work alive)";
       return false;
     }
     return true;

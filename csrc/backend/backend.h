@@ -516,8 +516,8 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   // NCCL >= 2.32 ends ncclCommFinalize with a barrier of the communicator's
   // ranks on this host (commDestroySync), where a rank waits for ever for a
   // peer that aborted or never finalizes. The ranks meet in the store first,
-  // bounded by the group's timeout, each saying whether it can finalize:
-  // whether every one of them will (then the watchdog is stopped).
+  // bounded by the group's timeout, the watchdog stopped first, each saying
+  // whether it can finalize (and has a twin): whether every one of them will.
   bool finalizeMeeting() noexcept;
   // Whether every enqueued op finished; true too when CUDA cannot say.
   bool idleOrBroken() noexcept;
@@ -571,6 +571,8 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   // the guard of it and of watchdog_ between the two.
   std::mutex initMutex_;
   std::weak_ptr<Communicator> initializing_;
+  // This rank came to the finalize meeting, or gave it up (finalizeMeeting).
+  std::atomic<bool> finalizeSettled_{false};
   // Orders setTimeout against the watchdog's creation (taken after
   // initMutex_ there).
   std::mutex timeoutMutex_;

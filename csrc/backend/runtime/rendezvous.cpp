@@ -66,10 +66,17 @@ int64_t meet(
     }
     everyone = store.add(arrivalsKey(prefix), 0) >= size;
   }
-  const std::vector<uint8_t> go(kGo.begin(), kGo.end());
-  const std::vector<uint8_t> givenUp(kGivenUp.begin(), kGivenUp.end());
-  if (store.compareSet(decisionKey(prefix), {}, everyone ? go : givenUp) !=
-      go) {
+  // The rank that decides "go" writes the tally into the decision (every
+  // rank added its count before it came): each rank reads the outcome in one
+  // call, which a store gone right after cannot split.
+  const std::string proposal =
+      everyone ? c10::str(kGo, ":", store.add(tallyKey(prefix), 0)) : kGivenUp;
+  const std::vector<uint8_t> decided = store.compareSet(
+      decisionKey(prefix),
+      std::vector<uint8_t>{},
+      std::vector<uint8_t>(proposal.begin(), proposal.end()));
+  const std::string decision(decided.begin(), decided.end());
+  if (decision.rfind(kGo + ":", 0) != 0) {
     std::vector<int> missing;
     for (int r : ranks) {
       if (!store.check({arrivedKey(prefix, r)})) {
@@ -118,13 +125,13 @@ int64_t meet(
     }
     C10_THROW_ERROR(DistBackendError, "nccl_core: " + why);
   }
-  return store.add(tallyKey(prefix), 0);
+  return std::stoll(decision.substr(kGo.size() + 1));
 }
 
 void giveUpMeeting(c10d::Store& store, const std::string& prefix) {
   store.compareSet(
       decisionKey(prefix),
-      {},
+      std::vector<uint8_t>{},
       std::vector<uint8_t>(kGivenUp.begin(), kGivenUp.end()));
 }
 
