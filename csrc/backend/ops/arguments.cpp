@@ -140,6 +140,7 @@ void checkPerRankList(
     const char* op,
     const char* what) {
   const at::ScalarType dtype = like.scalar_type();
+  const c10::DeviceIndex device = like.device().index();
   NCCL_CORE_CHECK_ARG(
       static_cast<int>(list.size()) == worldSize,
       op,
@@ -149,7 +150,7 @@ void checkPerRankList(
       "), got ",
       list.size());
   for (const auto& tensor : list) {
-    checkTensor(tensor, like.device().index(), op, what);
+    checkTensor(tensor, device, op, what);
     NCCL_CORE_CHECK_ARG_TYPE(
         tensor.scalar_type() == dtype,
         op,

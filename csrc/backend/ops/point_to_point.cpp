@@ -229,7 +229,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::pointToPoint(
       " to itself needs its matching ",
       sends ? "recv" : "send",
       " in the same batch_isend_irecv");
-  std::vector<at::Tensor> moved{tensor};
+  std::vector<at::Tensor> own{tensor}; // moved into one side of the op
   return launch(
       OpCall{
           sends ? c10d::OpType::SEND : c10d::OpType::RECV,
@@ -237,8 +237,8 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::pointToPoint(
           tensor.device(),
           true,
           c10d::kUnsetTimeout},
-      sends ? std::vector<at::Tensor>{} : moved,
-      sends ? moved : std::vector<at::Tensor>{},
+      sends ? std::vector<at::Tensor>{} : std::move(own),
+      sends ? std::move(own) : std::vector<at::Tensor>{},
       [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
         void* data = tensor.data_ptr();
         const size_t bytes = tensor.nbytes();
@@ -303,8 +303,8 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::exchangeWithRoot(
           op,
           tensor,
           opts),
-      toRoot ? exchange.list : own,
-      toRoot ? own : exchange.list,
+      toRoot ? std::vector<at::Tensor>(exchange.list) : std::move(own),
+      toRoot ? std::move(own) : std::vector<at::Tensor>(exchange.list),
       [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
         return exchange.enqueue(api, getRank(), getSize(), comm, stream);
       });
