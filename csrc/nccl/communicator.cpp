@@ -73,18 +73,11 @@ std::shared_ptr<Communicator> Communicator::split(
     int key,
     ncclConfig_t config,
     std::string label) {
-  return derive(
-      "ncclCommSplit",
-      config,
-      std::move(label),
-      [&](ncclComm_t parent, ncclComm_t* child) {
-        return api_->commSplit(
-            parent,
-            color < 0 ? NCCL_SPLIT_NOCOLOR : color,
-            key,
-            child,
-            &config);
-      });
+  const int ncclColor = color < 0 ? NCCL_SPLIT_NOCOLOR : color;
+  auto make = [&](ncclComm_t parent, ncclComm_t* child) {
+    return api_->commSplit(parent, ncclColor, key, child, &config);
+  };
+  return derive("ncclCommSplit", config, std::move(label), make);
 }
 
 std::shared_ptr<Communicator> Communicator::shrink(
@@ -92,19 +85,12 @@ std::shared_ptr<Communicator> Communicator::shrink(
     int flags,
     ncclConfig_t config,
     std::string label) {
-  return derive(
-      "ncclCommShrink",
-      config,
-      std::move(label),
-      [&](ncclComm_t parent, ncclComm_t* child) {
-        return api_->commShrink(
-            parent,
-            excludedRanks.data(),
-            static_cast<int>(excludedRanks.size()),
-            child,
-            &config,
-            flags);
-      });
+  const auto excluded = static_cast<int>(excludedRanks.size());
+  auto make = [&](ncclComm_t parent, ncclComm_t* child) {
+    return api_->commShrink(
+        parent, excludedRanks.data(), excluded, child, &config, flags);
+  };
+  return derive("ncclCommShrink", config, std::move(label), make);
 }
 
 std::shared_ptr<Communicator> Communicator::derive(

@@ -1,6 +1,25 @@
 #include "nccl/dtypes.h"
 
+#include <array>
+#include <utility>
+
 namespace nccl_core {
+
+namespace {
+
+// Each real dtype NCCL carries, with its NCCL type. bool is one byte; the
+// backend reduces it with MIN / MAX.
+// clang-format off
+constexpr std::array<std::pair<at::ScalarType, ncclDataType_t>, 13> kRealTypes{{
+    {at::kChar, ncclInt8}, {at::kByte, ncclUint8}, {at::kBool, ncclUint8},
+    {at::kInt, ncclInt32}, {at::kUInt32, ncclUint32}, {at::kLong, ncclInt64},
+    {at::kUInt64, ncclUint64}, {at::kHalf, ncclFloat16},
+    {at::kBFloat16, ncclBfloat16}, {at::kFloat, ncclFloat32},
+    {at::kDouble, ncclFloat64}, {at::kFloat8_e4m3fn, ncclFloat8e4m3},
+    {at::kFloat8_e5m2, ncclFloat8e5m2}}};
+// clang-format on
+
+} // namespace
 
 std::optional<NcclElementType> ncclElementType(at::ScalarType type) {
   if (at::isComplexType(type)) {
@@ -8,35 +27,12 @@ std::optional<NcclElementType> ncclElementType(at::ScalarType type) {
     return real ? std::optional<NcclElementType>({real->dtype, 2})
                 : std::nullopt;
   }
-  switch (type) {
-    case at::kChar:
-      return NcclElementType{ncclInt8, 1};
-    case at::kByte:
-    case at::kBool: // one byte; the backend reduces it with MIN / MAX
-      return NcclElementType{ncclUint8, 1};
-    case at::kInt:
-      return NcclElementType{ncclInt32, 1};
-    case at::kUInt32:
-      return NcclElementType{ncclUint32, 1};
-    case at::kLong:
-      return NcclElementType{ncclInt64, 1};
-    case at::kUInt64:
-      return NcclElementType{ncclUint64, 1};
-    case at::kHalf:
-      return NcclElementType{ncclFloat16, 1};
-    case at::kBFloat16:
-      return NcclElementType{ncclBfloat16, 1};
-    case at::kFloat:
-      return NcclElementType{ncclFloat32, 1};
-    case at::kDouble:
-      return NcclElementType{ncclFloat64, 1};
-    case at::kFloat8_e4m3fn:
-      return NcclElementType{ncclFloat8e4m3, 1};
-    case at::kFloat8_e5m2:
-      return NcclElementType{ncclFloat8e5m2, 1};
-    default:
-      return std::nullopt;
+  for (const auto& [torchType, ncclType] : kRealTypes) {
+    if (torchType == type) {
+      return NcclElementType{ncclType, 1};
+    }
   }
+  return std::nullopt;
 }
 
 } // namespace nccl_core

@@ -30,6 +30,17 @@ namespace {
       ")");
 }
 
+// The window's communicator, held across a query of the window: RuntimeError
+// once the window is closed or its communicator gone (which closes the window
+// too, a moment later).
+std::shared_ptr<Communicator> ownerOf(const Window& window, const char* op) {
+  std::shared_ptr<Communicator> comm = window.communicator();
+  window.get();
+  NCCL_CORE_CHECK_STATE(
+      comm != nullptr, op, "the window's communicator is gone");
+  return comm;
+}
+
 } // namespace
 
 LsaTeam lsaTeam(Communicator& comm) {
@@ -49,12 +60,9 @@ std::optional<int> lsaRankOf(Communicator& comm, int peer) {
   return lsaRank;
 }
 
-uintptr_t lsaPointer(
-    Communicator& comm,
-    const Window& window,
-    int lsaRank,
-    size_t offset) {
-  const LsaTeam team = lsaTeam(comm);
+uintptr_t lsaPointer(const Window& window, int lsaRank, size_t offset) {
+  const std::shared_ptr<Communicator> comm = ownerOf(window, "lsa_pointer");
+  const LsaTeam team = lsaTeam(*comm);
   NCCL_CORE_CHECK_ARG(
       lsaRank >= 0 && lsaRank < team.size,
       "lsa_pointer",
@@ -72,7 +80,7 @@ uintptr_t lsaPointer(
       window.size(),
       " bytes)");
   return window
-             .lsaBases([&] { return lsaBases(comm, window.get(), team.size); })
+             .lsaBases([&] { return lsaBases(*comm, window.get(), team.size); })
              .at(lsaRank) +
          offset;
 }
@@ -108,34 +116,31 @@ lsaBases(Communicator& comm, ncclWindow_t window, int lsaSize) {
 }
 
 std::optional<uintptr_t>
-peerPointer(Communicator& comm, const Window& window, int peer, size_t offset) {
+peerPointer(const Window& window, int peer, size_t offset) {
+  const std::shared_ptr<Communicator> comm = ownerOf(window, "peer_pointer");
   NCCL_CORE_CHECK_ARG(
-      peer >= 0 && peer < comm.size(),
+      peer >= 0 && peer < comm->size(),
       "peer_pointer",
       "peer ",
       peer,
       " is out of range; expected 0 <= peer < ",
-      comm.size());
-  const std::optional<int> lsaRank = lsaRankOf(comm, peer);
+      comm->size());
+  const std::optional<int> lsaRank = lsaRankOf(*comm, peer);
   if (!lsaRank) {
     return std::nullopt;
   }
-  return lsaPointer(comm, window, *lsaRank, offset);
+  return lsaPointer(window, *lsaRank, offset);
 }
 
 std::optional<uintptr_t> multimemPointer(const Window& window, size_t offset) {
-  // Held across the query; gone once the window's communicator is (which
-  // closes the window too, a moment later).
-  const std::shared_ptr<Communicator> comm = window.communicator();
-  const ncclWindow_t handle = window.get();
-  NCCL_CORE_CHECK_STATE(
-      comm != nullptr, "multimem_pointer", "the window's communicator is gone");
+  const std::shared_ptr<Communicator> comm =
+      ownerOf(window, "multimem_pointer");
   const auto query = comm->api().getLsaMultimemDevicePointer;
   if (!query) {
     refuseOldRuntime("multimem_pointer");
   }
   void* ptr = nullptr;
-  NCCL_CORE_CHECK(query(handle, offset, &ptr));
+  NCCL_CORE_CHECK(query(window.get(), offset, &ptr));
   if (ptr == nullptr) {
     return std::nullopt;
   }

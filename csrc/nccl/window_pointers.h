@@ -27,12 +27,10 @@ LsaTeam lsaTeam(Communicator& comm);
 // The LSA rank of world rank `peer`, if it is in this rank's LSA team.
 std::optional<int> lsaRankOf(Communicator& comm, int peer);
 
-// Address of LSA rank `lsaRank`'s part of `window`, `offset` bytes in.
-uintptr_t lsaPointer(
-    Communicator& comm,
-    const Window& window,
-    int lsaRank,
-    size_t offset);
+// Address of LSA rank `lsaRank`'s part of `window`, `offset` bytes in. These
+// queries run on the window's own communicator and raise RuntimeError once the
+// window is closed or that communicator gone.
+uintptr_t lsaPointer(const Window& window, int lsaRank, size_t offset);
 
 // Whether this build can read window addresses on the loaded NCCL (>= 2.29's
 // host API, or 2.28's device API in a build against 2.28's headers).
@@ -49,7 +47,7 @@ lsaBases(Communicator& comm, ncclWindow_t window, int lsaSize);
 
 // Address of world rank `peer`'s part; nullopt when it is not LSA-reachable.
 std::optional<uintptr_t>
-peerPointer(Communicator& comm, const Window& window, int peer, size_t offset);
+peerPointer(const Window& window, int peer, size_t offset);
 
 // Multicast address over the LSA team; nullopt without multimem support.
 std::optional<uintptr_t> multimemPointer(const Window& window, size_t offset);

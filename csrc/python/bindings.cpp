@@ -13,6 +13,7 @@
 #include "nccl/memory.h"
 #include "nccl/version.h"
 #include "python/communicator_bindings.h"
+#include "python/registration_stats_dict.h"
 #include "python/translate_errors.h"
 
 namespace py = pybind11;
@@ -299,12 +300,7 @@ void bindBackend(py::module_& m) {
       .def(
           "registration_stats",
           [](NcclCoreBackend& b) {
-            const RegistrationStats stats = b.registrationStats();
-            return py::dict(
-                py::arg("registrations") = stats.registrations,
-                py::arg("bytes") = stats.bytes,
-                py::arg("first_uses") = stats.firstUses,
-                py::arg("first_use_seconds") = stats.firstUseSeconds);
+            return registrationStatsDict(b.registrationStats());
           },
           "Registrations the group holds (on its communicator and its twin) "
           "and their bytes; registrations ops asked NCCL for on first use "

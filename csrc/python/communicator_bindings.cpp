@@ -61,6 +61,8 @@ void bindResources(py::module_& m) {
       .def_property_readonly("handle", &RegisteredBuffer::handle)
       .def_property_readonly("size", &RegisteredBuffer::size);
 
+  const py::arg_v offset = py::arg("offset") = 0;
+  const py::call_guard<py::gil_scoped_release> released;
   py::class_<Window, CommResource, std::shared_ptr<Window>>(
       m,
       "Window",
@@ -75,30 +77,9 @@ void bindResources(py::module_& m) {
           [](const Window& w) {
             return reinterpret_cast<uintptr_t>(w.userPtr());
           })
-      .def(
-          "lsa_pointer",
-          [](const Window& w, int lsaRank, size_t offset) {
-            w.get();
-            return lsaPointer(*w.communicator(), w, lsaRank, offset);
-          },
-          py::arg("lsa_rank"),
-          py::arg("offset") = 0,
-          py::call_guard<py::gil_scoped_release>())
-      .def(
-          "peer_pointer",
-          [](const Window& w, int peer, size_t offset) {
-            w.get();
-            return peerPointer(*w.communicator(), w, peer, offset);
-          },
-          py::arg("peer"),
-          py::arg("offset") = 0,
-          py::call_guard<py::gil_scoped_release>())
-      .def(
-          "multimem_pointer",
-          [](const Window& w, size_t offset) {
-            return multimemPointer(w, offset);
-          },
-          py::arg("offset") = 0)
+      .def("lsa_pointer", &lsaPointer, py::arg("lsa_rank"), offset, released)
+      .def("peer_pointer", &peerPointer, py::arg("peer"), offset, released)
+      .def("multimem_pointer", &multimemPointer, offset)
       .def("__enter__", [](std::shared_ptr<Window> w) { return w; })
       .def("__exit__", [](Window& w, const py::args&) { w.close(); });
 

@@ -104,7 +104,8 @@ void putSignalChecked(
     const py::object& stream) {
   constexpr const char* kOp = "put_signal";
   checkReserved(signalIndex, context, flags, kOp);
-  const PutSignal put = checkedPutSignal(comm, src, peer, window, offset, kOp);
+  const PutSignal put =
+      checkedPutSignal(comm, src, {window, peer, offset}, kOp);
   const cudaStream_t cudaStream = streamOf(stream, comm.device());
   py::gil_scoped_release noGil;
   putSignal(comm, put, cudaStream);

@@ -355,16 +355,8 @@ void bindFakeNccl(py::module_& testing) {
       [](Communicator& comm) { comm.abort(); },
       py::arg("comm"),
       release);
-  testing.def(
-      "suspend",
-      [](Communicator& comm) { comm.suspend(); },
-      py::arg("comm"),
-      release);
-  testing.def(
-      "resume",
-      [](Communicator& comm) { comm.resume(); },
-      py::arg("comm"),
-      release);
+  testing.def("suspend", &Communicator::suspend, py::arg("comm"), release);
+  testing.def("resume", &Communicator::resume, py::arg("comm"), release);
   testing.def(
       "memory_stats",
       [](Communicator& comm) {

@@ -4,7 +4,6 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -12,6 +11,7 @@
 #include "backend/routing/comm_routes.h"
 #include "nccl/allocations.h"
 #include "nccl/caching_allocator_segments.h"
+#include "python/registration_stats_dict.h"
 #include "testing/bindings.h"
 
 namespace py = pybind11;
@@ -99,17 +99,11 @@ void bindRoutes(py::module_& testing) {
           py::arg("tensors"),
           py::call_guard<py::gil_scoped_release>(),
           "As register_mem_pool does, with these tensors as the segments.")
-      .def(
-          "registration_stats",
-          [](CommRoutes& routes) {
-            const RegistrationStats s = routes.registrationStats();
-            return std::map<std::string, size_t>{
-                {"registrations", s.registrations},
-                {"bytes", s.bytes},
-                {"first_uses", s.firstUses}};
-          })
       .def_property_readonly("twin", &CommRoutes::twin)
-      .def("set_timeout", &CommRoutes::setTimeout, py::arg("timeout"));
+      .def("set_timeout", &CommRoutes::setTimeout, py::arg("timeout"))
+      .def("registration_stats", [](CommRoutes& routes) {
+        return registrationStatsDict(routes.registrationStats());
+      });
   testing.def(
       "record_allocation",
       [](const at::Tensor& tensor) {

@@ -69,7 +69,7 @@ void putSignalOp(
   const auto win = windowOf(comm, window, kOp);
   putSignal(
       comm,
-      checkedPutSignal(comm, src, peer, *win, offset, kOp),
+      checkedPutSignal(comm, src, {*win, peer, offset}, kOp),
       currentStream(comm));
 }
 

@@ -12,29 +12,26 @@ namespace nccl_core {
 namespace {
 // Where `src` lands `offset` elements into `peer`'s part of `window` (in
 // bytes), with room for all of it; computed without overflow.
-size_t checkedOffsetBytes(
-    const at::Tensor& src,
-    const Window& window,
-    int peer,
-    int64_t offset,
-    const char* op) {
+size_t
+checkedOffsetBytes(const at::Tensor& src, const PutTarget& to, const char* op) {
   const size_t bytes = src.nbytes();
-  const size_t windowBytes = peerWindowBytes(window, peer);
+  const size_t windowBytes =
+      peerWindowBytes(to.window, static_cast<int>(to.peer));
   NCCL_CORE_CHECK_ARG(
-      offset >= 0 && bytes <= windowBytes &&
-          static_cast<uint64_t>(offset) <=
+      to.offset >= 0 && bytes <= windowBytes &&
+          static_cast<uint64_t>(to.offset) <=
               (windowBytes - bytes) / src.element_size(),
       op,
       bytes,
       " bytes at element offset ",
-      offset,
+      to.offset,
       " do not fit in the window (",
       windowBytes,
       " bytes at rank ",
-      peer,
+      to.peer,
       "); expected 0 <= offset and offset * element size + bytes <= "
       "window size");
-  return static_cast<size_t>(offset) * src.element_size();
+  return static_cast<size_t>(to.offset) * src.element_size();
 }
 } // namespace
 
@@ -178,22 +175,19 @@ void checkRank(int64_t rank, int worldSize, const char* op, const char* what) {
 PutSignal checkedPutSignal(
     const Communicator& comm,
     const at::Tensor& src,
-    int64_t peer,
-    const Window& window,
-    int64_t offset,
+    const PutTarget& to,
     const char* op) {
-  checkPeer(comm, peer, op);
+  checkPeer(comm, to.peer, op);
   checkTensor(src, static_cast<c10::DeviceIndex>(comm.device()), op, "src");
   const NcclBuffer buf = bufferOf(src, op);
-  const auto target = static_cast<int>(peer);
   return PutSignal{
       buf.ptr,
       buf.count,
       buf.dtype,
       src.nbytes(),
-      target,
-      window,
-      checkedOffsetBytes(src, window, target, offset, op)};
+      static_cast<int>(to.peer),
+      to.window,
+      checkedOffsetBytes(src, to, op)};
 }
 
 } // namespace nccl_core

@@ -61,15 +61,20 @@ void checkPaired(
     const std::vector<at::Tensor>& inputs,
     const char* op);
 
-// put_signal's arguments, checked: `peer` another rank of `comm`'s group,
-// `src` a CUDA tensor on its device that fits `peer`'s part of `window`
-// `offset` elements of `src` in.
+// Where a put lands: rank `peer`'s part of `window`, `offset` elements of the
+// source's dtype in.
+struct PutTarget {
+  const Window& window;
+  int64_t peer;
+  int64_t offset;
+};
+
+// put_signal's arguments, checked: `to.peer` another rank of `comm`'s group,
+// `src` a CUDA tensor on its device that fits where `to` says.
 PutSignal checkedPutSignal(
     const Communicator& comm,
     const at::Tensor& src,
-    int64_t peer,
-    const Window& window,
-    int64_t offset,
+    const PutTarget& to,
     const char* op);
 
 } // namespace nccl_core

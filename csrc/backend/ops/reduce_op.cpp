@@ -1,5 +1,7 @@
 #include "backend/ops/reduce_op.h"
 
+#include <array>
+
 #include <c10/util/Exception.h>
 
 #include "backend/ops/arguments.h"
@@ -10,29 +12,16 @@ namespace nccl_core {
 
 namespace {
 
+// c10d::ReduceOp::RedOpType's names, in the order of its values (0 to UNUSED).
+// clang-format off
+constexpr std::array<const char*, c10d::ReduceOp::UNUSED + 1> kRedOpNames{
+    "SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM",
+    "UNUSED"};
+// clang-format on
+static_assert(c10d::ReduceOp::PREMUL_SUM == 8 && c10d::ReduceOp::UNUSED == 9);
+
 const char* redOpName(c10d::ReduceOp::RedOpType op) {
-  switch (op) {
-    case c10d::ReduceOp::SUM:
-      return "SUM";
-    case c10d::ReduceOp::AVG:
-      return "AVG";
-    case c10d::ReduceOp::PRODUCT:
-      return "PRODUCT";
-    case c10d::ReduceOp::MIN:
-      return "MIN";
-    case c10d::ReduceOp::MAX:
-      return "MAX";
-    case c10d::ReduceOp::BAND:
-      return "BAND";
-    case c10d::ReduceOp::BOR:
-      return "BOR";
-    case c10d::ReduceOp::BXOR:
-      return "BXOR";
-    case c10d::ReduceOp::PREMUL_SUM:
-      return "PREMUL_SUM";
-    default:
-      return "UNUSED";
-  }
+  return op < kRedOpNames.size() ? kRedOpNames[op] : "UNUSED";
 }
 
 bool isFloating(at::ScalarType type) {

@@ -161,8 +161,8 @@ c10::intrusive_ptr<c10d::Work> TorchWindow::put(
     const c10d::PutOptions& opts) {
   constexpr const char* kOp = "put";
   const int peer = checkedPeer(dstRank, kOp);
-  const PutSignal put =
-      checkedPutSignal(*comm_, tensor, peer, *window_, targetOffsetNelems, kOp);
+  const PutSignal put = checkedPutSignal(
+      *comm_, tensor, {*window_, peer, targetOffsetNelems}, kOp);
   NCCL_CORE_CHECK_ARG(
       tensor.scalar_type() == peerDtypes_[peer],
       kOp,
@@ -227,7 +227,7 @@ at::Tensor TorchWindow::map_remote_tensor(int64_t rank) {
   if (peer == comm.rank()) {
     return owned_ ? *owned_ : view(window.userPtr(), sizes_);
   }
-  const std::optional<uintptr_t> address = peerPointer(comm, window, peer, 0);
+  const std::optional<uintptr_t> address = peerPointer(window, peer, 0);
   NCCL_CORE_CHECK_SUPPORTED(
       address.has_value(),
       kOp,

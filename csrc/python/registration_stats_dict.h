@@ -1,0 +1,19 @@
+// RegistrationStats as Python sees it: one dict for _C's group API and the
+// test doubles' routes alike.
+#pragma once
+
+#include <torch/csrc/utils/pybind.h>
+
+#include "backend/routing/comm_routes.h"
+
+namespace nccl_core {
+
+inline pybind11::dict registrationStatsDict(const RegistrationStats& stats) {
+  return pybind11::dict(
+      pybind11::arg("registrations") = stats.registrations,
+      pybind11::arg("bytes") = stats.bytes,
+      pybind11::arg("first_uses") = stats.firstUses,
+      pybind11::arg("first_use_seconds") = stats.firstUseSeconds);
+}
+
+} // namespace nccl_core
