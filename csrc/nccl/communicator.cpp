@@ -85,10 +85,10 @@ std::shared_ptr<Communicator> Communicator::shrink(
     int flags,
     ncclConfig_t config,
     std::string label) {
-  const auto excluded = static_cast<int>(excludedRanks.size());
+  const auto excludedCount = static_cast<int>(excludedRanks.size());
   auto make = [&](ncclComm_t parent, ncclComm_t* child) {
     return api_->commShrink(
-        parent, excludedRanks.data(), excluded, child, &config, flags);
+        parent, excludedRanks.data(), excludedCount, child, &config, flags);
   };
   return derive("ncclCommShrink", config, std::move(label), make);
 }

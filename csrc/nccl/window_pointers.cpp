@@ -41,6 +41,35 @@ std::shared_ptr<Communicator> ownerOf(const Window& window, const char* op) {
   return comm;
 }
 
+// lsaPointer, on `comm`, which the caller holds.
+uintptr_t lsaPointerOn(
+    Communicator& comm,
+    const Window& window,
+    int lsaRank,
+    size_t offset) {
+  const LsaTeam team = lsaTeam(comm);
+  NCCL_CORE_CHECK_ARG(
+      lsaRank >= 0 && lsaRank < team.size,
+      "lsa_pointer",
+      "lsa_rank ",
+      lsaRank,
+      " is out of range; expected 0 <= lsa_rank < ",
+      team.size,
+      " (the LSA team size)");
+  NCCL_CORE_CHECK_ARG(
+      offset <= window.size(),
+      "lsa_pointer",
+      "offset ",
+      offset,
+      " is past the end of the window (",
+      window.size(),
+      " bytes)");
+  return window
+             .lsaBases([&] { return lsaBases(comm, window.get(), team.size); })
+             .at(lsaRank) +
+         offset;
+}
+
 } // namespace
 
 LsaTeam lsaTeam(Communicator& comm) {
@@ -61,28 +90,7 @@ std::optional<int> lsaRankOf(Communicator& comm, int peer) {
 }
 
 uintptr_t lsaPointer(const Window& window, int lsaRank, size_t offset) {
-  const std::shared_ptr<Communicator> comm = ownerOf(window, "lsa_pointer");
-  const LsaTeam team = lsaTeam(*comm);
-  NCCL_CORE_CHECK_ARG(
-      lsaRank >= 0 && lsaRank < team.size,
-      "lsa_pointer",
-      "lsa_rank ",
-      lsaRank,
-      " is out of range; expected 0 <= lsa_rank < ",
-      team.size,
-      " (the LSA team size)");
-  NCCL_CORE_CHECK_ARG(
-      offset <= window.size(),
-      "lsa_pointer",
-      "offset ",
-      offset,
-      " is past the end of the window (",
-      window.size(),
-      " bytes)");
-  return window
-             .lsaBases([&] { return lsaBases(*comm, window.get(), team.size); })
-             .at(lsaRank) +
-         offset;
+  return lsaPointerOn(*ownerOf(window, "lsa_pointer"), window, lsaRank, offset);
 }
 
 bool windowAddressesReadable(const NcclApi& api) {
@@ -129,7 +137,7 @@ peerPointer(const Window& window, int peer, size_t offset) {
   if (!lsaRank) {
     return std::nullopt;
   }
-  return lsaPointer(window, *lsaRank, offset);
+  return lsaPointerOn(*comm, window, *lsaRank, offset);
 }
 
 std::optional<uintptr_t> multimemPointer(const Window& window, size_t offset) {

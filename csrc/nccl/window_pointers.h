@@ -27,9 +27,11 @@ LsaTeam lsaTeam(Communicator& comm);
 // The LSA rank of world rank `peer`, if it is in this rank's LSA team.
 std::optional<int> lsaRankOf(Communicator& comm, int peer);
 
-// Address of LSA rank `lsaRank`'s part of `window`, `offset` bytes in. These
-// queries run on the window's own communicator and raise RuntimeError once the
-// window is closed or that communicator gone.
+// The window address queries (lsaPointer, peerPointer, multimemPointer) run on
+// the window's own communicator and raise RuntimeError once the window is
+// closed or that communicator gone.
+
+// Address of LSA rank `lsaRank`'s part of `window`, `offset` bytes in.
 uintptr_t lsaPointer(const Window& window, int lsaRank, size_t offset);
 
 // Whether this build can read window addresses on the loaded NCCL (>= 2.29's

@@ -355,8 +355,10 @@ void bindFakeNccl(py::module_& testing) {
       [](Communicator& comm) { comm.abort(); },
       py::arg("comm"),
       release);
-  testing.def("suspend", &Communicator::suspend, py::arg("comm"), release);
-  testing.def("resume", &Communicator::resume, py::arg("comm"), release);
+  // A member function bound here takes a pointer: refuse None before it.
+  const py::arg comm = py::arg("comm").none(false);
+  testing.def("suspend", &Communicator::suspend, comm, release);
+  testing.def("resume", &Communicator::resume, comm, release);
   testing.def(
       "memory_stats",
       [](Communicator& comm) {

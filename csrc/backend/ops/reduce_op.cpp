@@ -18,7 +18,12 @@ constexpr std::array<const char*, c10d::ReduceOp::UNUSED + 1> kRedOpNames{
     "SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM",
     "UNUSED"};
 // clang-format on
-static_assert(c10d::ReduceOp::PREMUL_SUM == 8 && c10d::ReduceOp::UNUSED == 9);
+static_assert(
+    c10d::ReduceOp::SUM == 0 && c10d::ReduceOp::AVG == 1 &&
+    c10d::ReduceOp::PRODUCT == 2 && c10d::ReduceOp::MIN == 3 &&
+    c10d::ReduceOp::MAX == 4 && c10d::ReduceOp::BAND == 5 &&
+    c10d::ReduceOp::BOR == 6 && c10d::ReduceOp::BXOR == 7 &&
+    c10d::ReduceOp::PREMUL_SUM == 8 && c10d::ReduceOp::UNUSED == 9);
 
 const char* redOpName(c10d::ReduceOp::RedOpType op) {
   return op < kRedOpNames.size() ? kRedOpNames[op] : "UNUSED";
