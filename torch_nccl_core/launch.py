@@ -48,11 +48,14 @@ def ranks_share_gpus(nproc_per_node: int, gpus: int) -> bool:
 
 
 @contextlib.contextmanager
-def mps_daemon() -> Iterator[dict[str, str]]:
-    """A CUDA MPS control daemon of this job's own; yields the environment its clients need.
+def mps_daemon() -> Iterator[None]:
+    """A CUDA MPS control daemon of this job's own, whose clients this process and what it starts
+    meanwhile are: their environment is set for it, and restored after.
 
     A user-space daemon of the CUDA driver: it changes no GPU setting, and ``quit`` (once every
-    client has gone) leaves the GPU as it was.
+    client has gone) leaves the GPU as it was. ``CUDA_VISIBLE_DEVICES`` chooses the daemon's GPUs
+    and its clients go without it: the server numbers those GPUs from 0, so the same indices would
+    name other devices or none (NVIDIA's MPS guide, "CUDA_VISIBLE_DEVICES").
     """
     control = shutil.which("nvidia-cuda-mps-control")
     if control is None:
@@ -66,9 +69,16 @@ def mps_daemon() -> Iterator[dict[str, str]]:
         os.makedirs(folder)
     daemon_env = {**os.environ, **env}
     subprocess.run([control, "-d"], env=daemon_env, check=True)
+    clients = dict(daemon_env)
+    clients.pop("CUDA_VISIBLE_DEVICES", None)
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(clients)
     try:
-        yield env
+        yield
     finally:
+        os.environ.clear()
+        os.environ.update(saved)
         try:
             # quit waits for the daemon's clients: a rank's child that outlived it holds it up.
             subprocess.run(
@@ -145,8 +155,7 @@ def launch(argv: Sequence[str]) -> int:
         os.environ.pop(HOST_ID_PREFIX_VAR, None)  # one inherited from an outer launch
     from torch.distributed.run import run
 
-    with mps_daemon() if mps else contextlib.nullcontext({}) as mps_env:
-        os.environ.update(mps_env)
+    with mps_daemon() if mps else contextlib.nullcontext():
         try:
             run(args)
         except Exception as failed:  # torchrun's ChildFailedError has printed its report

@@ -80,3 +80,31 @@ def test_shares_gpus_only_past_one_rank_per_gpu():
     assert not launch.ranks_share_gpus(2, 2)
     assert launch.ranks_share_gpus(3, 2)
     assert not launch.ranks_share_gpus(4, 0)  # no GPU: nothing to share
+
+
+FAKE_MPS_CONTROL = """#!/bin/sh
+# nvidia-cuda-mps-control's stand-in: records what the daemon was started with; quits at once.
+[ "$1" = -d ] && echo "${CUDA_VISIBLE_DEVICES:-unset}" >"$FAKE_MPS_RECORD"
+exit 0
+"""
+
+
+def test_the_daemon_keeps_cuda_visible_devices_and_its_clients_go_without(tmp_path, monkeypatch):
+    """MPS renumbers the daemon's GPUs from 0 for its clients: a client that kept
+    CUDA_VISIBLE_DEVICES=3 would find no GPU (seen on a 4-GPU machine)."""
+    control = tmp_path / "nvidia-cuda-mps-control"
+    control.write_text(FAKE_MPS_CONTROL)
+    control.chmod(0o755)
+    record = tmp_path / "daemon_devices"
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_MPS_RECORD", str(record))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
+    with launch.mps_daemon():
+        assert "CUDA_VISIBLE_DEVICES" not in os.environ
+        pipe = os.environ["CUDA_MPS_PIPE_DIRECTORY"]
+        assert os.path.isdir(pipe)
+    assert record.read_text().strip() == "3"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "3"  # restored
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
+    assert not os.path.exists(pipe)  # the daemon quit: its folder is gone
