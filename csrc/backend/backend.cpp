@@ -499,6 +499,20 @@ void NcclCoreBackend::teardownWithoutFinalizing(const std::string& reason) {
   }
 }
 
+int64_t NcclCoreBackend::meetEveryRank(std::string prefix, int64_t count) {
+  std::vector<int> ranks(getSize());
+  std::iota(ranks.begin(), ranks.end(), 0);
+  return meet(
+      {*store_,
+       std::move(prefix),
+       timeout_.load(),
+       c10::str("group '", *groupName_, "'"),
+       [this] { return failure_->failed(); }},
+      getRank(),
+      ranks,
+      count);
+}
+
 bool NcclCoreBackend::finalizeMeeting() noexcept {
   if (!hasFeature(Feature::FinalizeWaitsForHost)) {
     return true;
@@ -518,17 +532,8 @@ bool NcclCoreBackend::finalizeMeeting() noexcept {
     const int64_t size = getSize();
     const bool finalizable = !failure_->failed() && comm_->finalizable() &&
                              (!twin || twin->finalizable());
-    std::vector<int> ranks(getSize());
-    std::iota(ranks.begin(), ranks.end(), 0);
-    const int64_t votes = meet(
-        {*store_,
-         storeKey("finalize"),
-         timeout_.load(),
-         c10::str("group '", *groupName_, "'"),
-         [this] { return failure_->failed(); }},
-        getRank(),
-        ranks,
-        finalizable ? (twin ? size + 1 : 1) : 0);
+    const int64_t votes = meetEveryRank(
+        storeKey("finalize"), finalizable ? (twin ? size + 1 : 1) : 0);
     if (votes != (twin ? size * (size + 1) : size)) {
       LOG(INFO) << "[nccl_core] group '" << *groupName_
                 << "' is aborted, not finalized: not every rank can finalize "

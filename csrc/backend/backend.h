@@ -531,6 +531,10 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   std::vector<std::shared_ptr<Communicator>> madeCommunicators();
   // Why this rank cannot suspend the group now; empty if it can.
   std::string suspendRefusal();
+  // Every rank of the group meets in the store under `prefix` (rendezvous.h's
+  // meet, bounded by the group's timeout, given up once the group fails),
+  // adding `count` to the tally it returns.
+  int64_t meetEveryRank(std::string prefix, int64_t count);
   // The ranks agree in the store that each can run the collective `op`;
   // RuntimeError on every rank if one cannot (`mine`: this rank's reason).
   void agreeToGoAhead(const char* op, const std::string& mine);

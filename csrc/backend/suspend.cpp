@@ -4,7 +4,6 @@
 // memory manager), so the ranks first agree in the store that every one of
 // them can go ahead: either all call NCCL or none does, and a refusal leaves
 // the group usable on every rank.
-#include <numeric>
 
 #include "backend/backend.h"
 #include "backend/runtime/rendezvous.h"
@@ -48,21 +47,11 @@ std::string NcclCoreBackend::suspendRefusal() {
 }
 
 void NcclCoreBackend::agreeToGoAhead(const char* op, const std::string& mine) {
-  std::vector<int> ranks(getSize());
-  std::iota(ranks.begin(), ranks.end(), 0);
   const int64_t meeting = ++offloads_;
   const auto prefix = [&](int64_t n) {
     return storeKey(c10::str(op, "/", n).c_str());
   };
-  const int64_t refusing = meet(
-      {*store_,
-       prefix(meeting),
-       timeout_.load(),
-       c10::str("group '", *groupName_, "'"),
-       [this] { return failure_->failed(); }},
-      getRank(),
-      ranks,
-      mine.empty() ? 0 : 1);
+  const int64_t refusing = meetEveryRank(prefix(meeting), mine.empty() ? 0 : 1);
   if (getRank() == 0 && meeting > 1) {
     // Every rank is past the meeting before this one.
     leaveRendezvous(*store_, prefix(meeting - 1), getSize());
