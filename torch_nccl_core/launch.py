@@ -47,15 +47,44 @@ def ranks_share_gpus(nproc_per_node: int, gpus: int) -> bool:
     return gpus > 0 and nproc_per_node > gpus
 
 
+def _as_uuids(visible_devices: str) -> str:
+    """CUDA_VISIBLE_DEVICES with each GPU index replaced by that GPU's UUID (nvidia-smi's)."""
+    entries = [e.strip() for e in visible_devices.split(",") if e.strip()]
+    if all(e.startswith(("GPU-", "MIG-")) for e in entries):
+        return ",".join(entries)
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        raise RuntimeError(
+            "--mps: CUDA_VISIBLE_DEVICES names GPUs by index and nvidia-smi, which gives their "
+            "UUIDs for MPS, is not on PATH; name them by UUID (nvidia-smi -L)"
+        )
+    listing = subprocess.run(
+        [smi, "--query-gpu=index,uuid", "--format=csv,noheader"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    uuids = dict(line.split(", ", 1) for line in listing.strip().splitlines())
+    missing = [e for e in entries if not e.startswith(("GPU-", "MIG-")) and e not in uuids]
+    if missing:
+        raise ValueError(
+            f"--mps: CUDA_VISIBLE_DEVICES={visible_devices!r} names GPUs {missing} that "
+            f"nvidia-smi does not list (it lists {sorted(uuids)})"
+        )
+    return ",".join(uuids.get(e, e) for e in entries)
+
+
 @contextlib.contextmanager
 def mps_daemon() -> Iterator[None]:
     """A CUDA MPS control daemon of this job's own, whose clients this process and what it starts
     meanwhile are: their environment is set for it, and restored after.
 
     A user-space daemon of the CUDA driver: it changes no GPU setting, and ``quit`` (once every
-    client has gone) leaves the GPU as it was. ``CUDA_VISIBLE_DEVICES`` chooses the daemon's GPUs
-    and its clients go without it: the server numbers those GPUs from 0, so the same indices would
-    name other devices or none (NVIDIA's MPS guide, "CUDA_VISIBLE_DEVICES").
+    client has gone) leaves the GPU as it was. ``CUDA_VISIBLE_DEVICES`` chooses the daemon's GPUs;
+    daemon and clients get them by UUID, as NVIDIA's MPS guide recommends ("CUDA_VISIBLE_DEVICES"):
+    the server numbers its GPUs from 0, so a client's indices would name other devices or none,
+    and a client without the variable would count every GPU of the machine through NVML
+    (``torch.cuda.device_count()`` before CUDA starts) while CUDA shows it the daemon's only.
     """
     control = shutil.which("nvidia-cuda-mps-control")
     if control is None:
@@ -67,10 +96,11 @@ def mps_daemon() -> Iterator[None]:
     }
     for folder in env.values():
         os.makedirs(folder)
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        env["CUDA_VISIBLE_DEVICES"] = _as_uuids(os.environ["CUDA_VISIBLE_DEVICES"])
     daemon_env = {**os.environ, **env}
     subprocess.run([control, "-d"], env=daemon_env, check=True)
-    clients = dict(daemon_env)
-    clients.pop("CUDA_VISIBLE_DEVICES", None)
+    clients = daemon_env
     saved = dict(os.environ)
     os.environ.clear()
     os.environ.update(clients)

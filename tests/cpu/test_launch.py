@@ -89,22 +89,63 @@ exit 0
 """
 
 
-def test_the_daemon_keeps_cuda_visible_devices_and_its_clients_go_without(tmp_path, monkeypatch):
-    """MPS renumbers the daemon's GPUs from 0 for its clients: a client that kept
-    CUDA_VISIBLE_DEVICES=3 would find no GPU (seen on a 4-GPU machine)."""
-    control = tmp_path / "nvidia-cuda-mps-control"
-    control.write_text(FAKE_MPS_CONTROL)
-    control.chmod(0o755)
+FAKE_NVIDIA_SMI = """#!/bin/sh
+printf '0, GPU-aaaa\\n1, GPU-bbbb\\n2, GPU-cccc\\n3, GPU-dddd\\n'
+"""
+
+
+def _stand_ins(tmp_path, monkeypatch, *, smi: bool = True):
+    tools = {"nvidia-cuda-mps-control": FAKE_MPS_CONTROL}
+    if smi:
+        tools["nvidia-smi"] = FAKE_NVIDIA_SMI
+    for name, text in tools.items():
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o755)
     record = tmp_path / "daemon_devices"
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}/usr/bin{os.pathsep}/bin")
     monkeypatch.setenv("FAKE_MPS_RECORD", str(record))
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
     monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
+    return record
+
+
+def test_the_daemon_and_its_clients_get_cuda_visible_devices_by_uuid(tmp_path, monkeypatch):
+    """MPS renumbers the daemon's GPUs from 0 for its clients: a client that kept
+    CUDA_VISIBLE_DEVICES=3 found no GPU, and one without it counted all 4 GPUs through NVML
+    (torch.cuda.device_count()) while CUDA showed it one (both seen on a 4-GPU machine)."""
+    record = _stand_ins(tmp_path, monkeypatch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
     with launch.mps_daemon():
-        assert "CUDA_VISIBLE_DEVICES" not in os.environ
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "GPU-dddd,GPU-bbbb"
         pipe = os.environ["CUDA_MPS_PIPE_DIRECTORY"]
         assert os.path.isdir(pipe)
-    assert record.read_text().strip() == "3"
-    assert os.environ["CUDA_VISIBLE_DEVICES"] == "3"  # restored
+    assert record.read_text().strip() == "GPU-dddd,GPU-bbbb"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "3,1"  # restored
     assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
     assert not os.path.exists(pipe)  # the daemon quit: its folder is gone
+
+
+def test_the_daemon_without_cuda_visible_devices_leaves_it_unset(tmp_path, monkeypatch):
+    record = _stand_ins(tmp_path, monkeypatch)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with launch.mps_daemon():
+        assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    assert record.read_text().strip() == "unset"
+
+
+def test_gpu_indices_without_nvidia_smi_or_unknown_are_refused_before_the_daemon(
+    tmp_path, monkeypatch
+):
+    record = _stand_ins(tmp_path, monkeypatch, smi=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    with pytest.raises(RuntimeError, match="nvidia-smi"):
+        with launch.mps_daemon():
+            pass
+    _stand_ins(tmp_path, monkeypatch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    with pytest.raises(ValueError, match=r"names GPUs \['7'\]"):
+        with launch.mps_daemon():
+            pass
+    assert not record.exists()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-cccc")  # UUIDs pass as they are
+    with launch.mps_daemon():
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "GPU-cccc"
