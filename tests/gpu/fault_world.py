@@ -299,8 +299,8 @@ def shrink_past_a_silent_rank(job_store) -> dict:
 
 
 def flight_recorder_names_a_skipped_collective(job_store) -> dict:
-    """Rank 1 skips the 5th all_reduce: rank 0 times out, both ranks dump their flight recorder
-    (TORCH_NCCL_DUMP_ON_TIMEOUT), and torch's analyzer names collective 5 and rank 1."""
+    """Rank 1 skips the 5th all_reduce: the others time out, every rank dumps its flight
+    recorder (TORCH_NCCL_DUMP_ON_TIMEOUT), and torch's analyzer names collective 5 and rank 1."""
     from torch.distributed.flight_recorder.components.builder import build_db
     from torch.distributed.flight_recorder.components.config_manager import JobConfig
     from torch.distributed.flight_recorder.components.loader import read_dir
@@ -314,7 +314,7 @@ def flight_recorder_names_a_skipped_collective(job_store) -> dict:
     for _ in range(4):
         dist.all_reduce(t)
     error = None
-    if RANK == 0:  # rank 1 never joins this one
+    if RANK != 1:  # rank 1 never joins this one
         try:
             dist.all_reduce(t)
             torch.cuda.synchronize()
@@ -693,8 +693,15 @@ def world_backend():
     return dist.group.WORLD._get_backend(DEVICE)
 
 
+def _init_then_time_out_after(job_store, timeout_s: float) -> None:
+    """The default group, initialized under a long bound (at 4 ranks over sockets on a busy
+    GPU, ncclCommInitRankConfig outlasted 3 s) and then given `timeout_s` for the call."""
+    init(job_store, LONG_TIMEOUT_S)
+    dist.group.WORLD.set_timeout(timedelta(seconds=timeout_s))
+
+
 def _window_registration(job_store, timeout_s: float) -> HostCall | str:
-    init(job_store, timeout_s)
+    _init_then_time_out_after(job_store, timeout_s)
     if not torch_nccl_core.features()["window_registration"]:
         return "this NCCL has no window registration"
     comm = torch_nccl_core.communicator()
@@ -705,7 +712,7 @@ def _window_registration(job_store, timeout_s: float) -> HostCall | str:
 
 
 def _split(job_store, timeout_s: float) -> HostCall | str:
-    init(job_store, timeout_s)  # the parent's timeout bounds ncclCommSplit
+    _init_then_time_out_after(job_store, timeout_s)  # the parent's timeout bounds ncclCommSplit
     if not hasattr(dist, "split_group"):
         return "this torch has no split_group"
     return (

@@ -52,6 +52,11 @@ def not_torchs(device: torch.device) -> int:
 def test_suspend_releases_nccls_memory_and_resume_restores_the_group(device):
     group = dist.new_group(backend="nccl_core")
     probe_group(group)
+    # The barrier below runs between the two readings, so it must find its connections made:
+    # NCCL connects a communicator's peers on their first op (NCCL_RUNTIME_CONNECT). On 2 H200s
+    # with this file run alone, the memory freed read ~290 MiB short of NCCL's count; the
+    # default group's first barrier connecting over NVLink meanwhile is the likely cause.
+    dist.barrier()
     torch.cuda.synchronize(device)
     before = torch_nccl_core.memory_stats(group)
     free_before = not_torchs(device)
