@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -33,6 +34,7 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 from ._as_rank import HOST_ID_PREFIX_VAR
 
@@ -47,31 +49,77 @@ def ranks_share_gpus(nproc_per_node: int, gpus: int) -> bool:
     return gpus > 0 and nproc_per_node > gpus
 
 
-def _as_uuids(visible_devices: str) -> str:
-    """CUDA_VISIBLE_DEVICES with each GPU index replaced by that GPU's UUID (nvidia-smi's)."""
-    entries = [e.strip() for e in visible_devices.split(",") if e.strip()]
-    if all(e.startswith(("GPU-", "MIG-")) for e in entries):
-        return ",".join(entries)
+_UUID_PREFIXES = ("GPU-", "MIG-")
+_EXPECTED = "GPU indices (0, 1, ...) or UUIDs (GPU-..., MIG-...: nvidia-smi -L), comma-separated"
+
+
+class _Gpu(NamedTuple):
+    uuid: str
+    mig: bool
+    model: str
+
+
+def _nvidia_smi_gpus() -> dict[str, _Gpu]:
+    """nvidia-smi's GPUs by index (PCI bus order)."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         raise RuntimeError(
             "--mps: CUDA_VISIBLE_DEVICES names GPUs by index and nvidia-smi, which gives their "
             "UUIDs for MPS, is not on PATH; name them by UUID (nvidia-smi -L)"
         )
-    listing = subprocess.run(
-        [smi, "--query-gpu=index,uuid", "--format=csv,noheader"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    uuids = dict(line.split(", ", 1) for line in listing.strip().splitlines())
-    missing = [e for e in entries if not e.startswith(("GPU-", "MIG-")) and e not in uuids]
-    if missing:
-        raise ValueError(
-            f"--mps: CUDA_VISIBLE_DEVICES={visible_devices!r} names GPUs {missing} that "
-            f"nvidia-smi does not list (it lists {sorted(uuids)})"
+    query = [smi, "--query-gpu=index,uuid,mig.mode.current,name", "--format=csv,noheader"]
+    listing = subprocess.run(query, capture_output=True, text=True, check=False)
+    rows = re.findall(r"^(\d+), (\S+), ([^,\n]*), (.*)$", listing.stdout, re.MULTILINE)
+    if listing.returncode != 0 or not rows:
+        raise RuntimeError(
+            f"--mps: `{' '.join(query)}` gave no GPU (exit {listing.returncode}: "
+            f"{(listing.stderr or listing.stdout).strip()[:300]!r}); expected lines "
+            "'index, uuid, MIG mode, name'. Name the GPUs by UUID instead (nvidia-smi -L)"
         )
-    return ",".join(uuids.get(e, e) for e in entries)
+    return {index: _Gpu(uuid, mig == "Enabled", model) for index, uuid, mig, model in rows}
+
+
+def _as_uuids(visible_devices: str) -> str:
+    """CUDA_VISIBLE_DEVICES with each GPU index replaced by that GPU's UUID. nvidia-smi numbers
+    GPUs in PCI bus order, as CUDA does with CUDA_DEVICE_ORDER=PCI_BUS_ID; by default CUDA puts
+    the fastest first (the rest unspecified), which among GPUs of one model is that order in
+    practice, so indices on a machine of several models need CUDA_DEVICE_ORDER=PCI_BUS_ID."""
+    entries = [e.strip() for e in visible_devices.split(",")]
+    if not visible_devices.strip():
+        raise ValueError(
+            "--mps: CUDA_VISIBLE_DEVICES is empty, which hides every GPU; the MPS daemon needs "
+            f"at least one: give {_EXPECTED}"
+        )
+    odd = [e for e in entries if not (e.isdigit() or e.startswith(_UUID_PREFIXES))]
+    if odd:
+        raise ValueError(
+            f"--mps: CUDA_VISIBLE_DEVICES={visible_devices!r} holds {odd}; expected {_EXPECTED}"
+        )
+    indices = [e for e in entries if e.isdigit()]
+    if not indices:
+        return ",".join(entries)
+    gpus = _nvidia_smi_gpus()
+    unknown = [e for e in indices if e not in gpus]
+    if unknown:
+        raise ValueError(
+            f"--mps: CUDA_VISIBLE_DEVICES={visible_devices!r} names GPUs {unknown} that "
+            f"nvidia-smi does not list (it lists {sorted(gpus, key=int)})"
+        )
+    mig = [e for e in indices if gpus[e].mig]
+    if mig:
+        raise ValueError(
+            f"--mps: GPUs {mig} of CUDA_VISIBLE_DEVICES have MIG enabled: name their MIG "
+            "instances by UUID (MIG-..., nvidia-smi -L)"
+        )
+    models = sorted({gpu.model for gpu in gpus.values()})
+    if len(models) > 1 and os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
+        raise ValueError(
+            f"--mps: CUDA_VISIBLE_DEVICES={visible_devices!r} names GPUs by index on a machine "
+            f"of several GPU models ({', '.join(models)}), where CUDA's default order need not "
+            "be nvidia-smi's: set CUDA_DEVICE_ORDER=PCI_BUS_ID or name them by UUID "
+            "(nvidia-smi -L)"
+        )
+    return ",".join(gpus[e].uuid if e.isdigit() else e for e in entries)
 
 
 @contextlib.contextmanager
@@ -89,6 +137,9 @@ def mps_daemon() -> Iterator[None]:
     control = shutil.which("nvidia-cuda-mps-control")
     if control is None:
         raise RuntimeError("--mps: nvidia-cuda-mps-control is not on PATH (CUDA MPS is needed)")
+    devices = {}
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        devices["CUDA_VISIBLE_DEVICES"] = _as_uuids(os.environ["CUDA_VISIBLE_DEVICES"])
     root = tempfile.mkdtemp(prefix="nccl_core_mps_")
     env = {
         "CUDA_MPS_PIPE_DIRECTORY": os.path.join(root, "pipe"),
@@ -96,8 +147,7 @@ def mps_daemon() -> Iterator[None]:
     }
     for folder in env.values():
         os.makedirs(folder)
-    if "CUDA_VISIBLE_DEVICES" in os.environ:
-        env["CUDA_VISIBLE_DEVICES"] = _as_uuids(os.environ["CUDA_VISIBLE_DEVICES"])
+    env.update(devices)
     daemon_env = {**os.environ, **env}
     subprocess.run([control, "-d"], env=daemon_env, check=True)
     clients = daemon_env

@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import sys
+import tempfile
 
 import pytest
 
@@ -90,7 +91,10 @@ exit 0
 
 
 FAKE_NVIDIA_SMI = """#!/bin/sh
-printf '0, GPU-aaaa\\n1, GPU-bbbb\\n2, GPU-cccc\\n3, GPU-dddd\\n'
+# nvidia-smi's stand-in: its --query-gpu=index,uuid,mig.mode.current,name answer.
+[ -n "$FAKE_SMI_FAILS" ] && { echo "Failed to initialize NVML: Driver/library mismatch"; exit 9; }
+printf '0, GPU-aaaa, Disabled, NVIDIA H200\\n1, GPU-bbbb, Disabled, NVIDIA H200\\n'
+printf "2, GPU-cccc, Enabled, NVIDIA H200\\n3, GPU-dddd, [N/A], ${FAKE_SMI_MODEL:-NVIDIA H200}\\n"
 """
 
 
@@ -102,9 +106,11 @@ def _stand_ins(tmp_path, monkeypatch, *, smi: bool = True):
         (tmp_path / name).write_text(text)
         (tmp_path / name).chmod(0o755)
     record = tmp_path / "daemon_devices"
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}/usr/bin{os.pathsep}/bin")
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing of the machine's own (a real nvidia-smi)
     monkeypatch.setenv("FAKE_MPS_RECORD", str(record))
-    monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
+    for name in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_DEVICE_ORDER", "FAKE_SMI_FAILS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("FAKE_SMI_MODEL", raising=False)
     return record
 
 
@@ -113,39 +119,64 @@ def test_the_daemon_and_its_clients_get_cuda_visible_devices_by_uuid(tmp_path, m
     CUDA_VISIBLE_DEVICES=3 found no GPU, and one without it counted all 4 GPUs through NVML
     (torch.cuda.device_count()) while CUDA showed it one (both seen on a 4-GPU machine)."""
     record = _stand_ins(tmp_path, monkeypatch)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, 1,GPU-aaaa")
     with launch.mps_daemon():
-        assert os.environ["CUDA_VISIBLE_DEVICES"] == "GPU-dddd,GPU-bbbb"
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "GPU-dddd,GPU-bbbb,GPU-aaaa"
         pipe = os.environ["CUDA_MPS_PIPE_DIRECTORY"]
         assert os.path.isdir(pipe)
-    assert record.read_text().strip() == "GPU-dddd,GPU-bbbb"
-    assert os.environ["CUDA_VISIBLE_DEVICES"] == "3,1"  # restored
+    assert record.read_text().strip() == "GPU-dddd,GPU-bbbb,GPU-aaaa"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "3, 1,GPU-aaaa"  # restored
     assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
     assert not os.path.exists(pipe)  # the daemon quit: its folder is gone
 
 
 def test_the_daemon_without_cuda_visible_devices_leaves_it_unset(tmp_path, monkeypatch):
-    record = _stand_ins(tmp_path, monkeypatch)
+    record = _stand_ins(tmp_path, monkeypatch, smi=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     with launch.mps_daemon():
         assert "CUDA_VISIBLE_DEVICES" not in os.environ
     assert record.read_text().strip() == "unset"
 
 
-def test_gpu_indices_without_nvidia_smi_or_unknown_are_refused_before_the_daemon(
-    tmp_path, monkeypatch
+@pytest.mark.parametrize(
+    ("devices", "setting", "error", "match"),
+    [
+        ("0", {"smi": False}, RuntimeError, "nvidia-smi, which gives their UUIDs"),
+        ("0", {"FAKE_SMI_FAILS": "1"}, RuntimeError, "exit 9: 'Failed to initialize NVML"),
+        ("7", {}, ValueError, r"names GPUs \['7'\] that nvidia-smi does not list .*'3'\]"),
+        ("", {}, ValueError, "is empty, which hides every GPU"),
+        ("0,-1", {}, ValueError, r"holds \['-1'\]; expected GPU indices"),
+        ("1,2", {}, ValueError, r"GPUs \['2'\] of CUDA_VISIBLE_DEVICES have MIG enabled"),
+        ("0", {"FAKE_SMI_MODEL": "NVIDIA H100"}, ValueError, "CUDA_DEVICE_ORDER=PCI_BUS_ID"),
+    ],
+)
+def test_gpus_the_daemon_cannot_be_given_by_uuid_are_refused_before_it_starts(
+    tmp_path, monkeypatch, devices, setting, error, match
 ):
-    record = _stand_ins(tmp_path, monkeypatch, smi=False)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    with pytest.raises(RuntimeError, match="nvidia-smi"):
-        with launch.mps_daemon():
-            pass
-    _stand_ins(tmp_path, monkeypatch)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
-    with pytest.raises(ValueError, match=r"names GPUs \['7'\]"):
-        with launch.mps_daemon():
-            pass
+    record = _stand_ins(tmp_path, monkeypatch, smi=setting.pop("smi", True))
+    for name, value in setting.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where a leaked daemon folder would show
+    tempfile.tempdir = None
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", devices)
+    try:
+        with pytest.raises(error, match=match):
+            with launch.mps_daemon():
+                pass
+    finally:
+        tempfile.tempdir = None
     assert not record.exists()
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-cccc")  # UUIDs pass as they are
+    assert not list(tmp_path.glob("nccl_core_mps_*"))
+
+
+def test_uuids_and_indices_of_one_order_pass(tmp_path, monkeypatch):
+    _stand_ins(tmp_path, monkeypatch, smi=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-eeee")  # UUIDs alone need no nvidia-smi
     with launch.mps_daemon():
-        assert os.environ["CUDA_VISIBLE_DEVICES"] == "GPU-cccc"
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "MIG-eeee"
+    _stand_ins(tmp_path, monkeypatch)
+    monkeypatch.setenv("FAKE_SMI_MODEL", "NVIDIA H100")
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # nvidia-smi's order, whatever models
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    with launch.mps_daemon():
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "GPU-dddd"

@@ -1,4 +1,4 @@
-"""One rank of a world of two processes (four where a scenario says so) that runs one
+"""One rank of a world of two processes (more where a scenario says so) that runs one
 failure-semantics scenario, then prints a JSON line of what it saw. The parent test asserts on
 it, and on this process ending in time with exit code 0: a hang or crash is the failure being
 looked for.
@@ -736,10 +736,11 @@ def _staging(job_store, timeout_s: float) -> HostCall | str:
     init(job_store)
     group = dist.new_group(
         backend="nccl_core",
-        timeout=timedelta(seconds=timeout_s),
+        timeout=timedelta(seconds=LONG_TIMEOUT_S),  # its creation is not the call under test
         pg_options=torch_nccl_core.Options(copy_engine_reduce_scatter=True),
     )
     comm = torch_nccl_core.communicator(group)
+    group.set_timeout(timedelta(seconds=timeout_s))
     if comm.lsa_size != comm.size:
         return "the peers are not load/store reachable: no copy engine, no staging"
     output = torch.empty(1 << 16, device=DEVICE)

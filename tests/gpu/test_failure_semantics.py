@@ -122,7 +122,8 @@ def test_flight_recorder_dump_names_the_skipped_collective_and_rank(rank):
     report = scenario(rank, "flight_recorder_names_a_skipped_collective", world=world)
     assert report["dumped"] == [True] * world, report
     if rank != 1:
-        assert "timeout" in report["error"], report
+        # The first rank to time out aborts: the others may see that before their own deadline.
+        assert re.search("timeout|asynchronous error", report["error"] or ""), report
     if rank == 0:  # the analyzer runs there
         assert report["flagged"] == [[5, [1]]], report  # JSON: (seq, missing ranks)
 
