@@ -1,5 +1,6 @@
 #include "nccl/dtypes.h"
 
+#include <array>
 #include <utility>
 
 namespace nccl_core {
@@ -18,6 +19,21 @@ constexpr std::pair<at::ScalarType, ncclDataType_t> kRealTypes[] = {
     {at::kFloat8_e5m2, ncclFloat8e5m2}};
 // clang-format on
 
+constexpr auto kScalarTypes = static_cast<size_t>(at::ScalarType::NumOptions);
+
+// kRealTypes indexed by dtype (-1: NCCL cannot carry it), made at compile
+// time: every op's buffer check looks its dtype up once.
+constexpr std::array<int, kScalarTypes> kNcclTypeOf = [] {
+  std::array<int, kScalarTypes> byType{};
+  for (size_t i = 0; i < kScalarTypes; ++i) {
+    byType[i] = -1;
+  }
+  for (const auto& entry : kRealTypes) {
+    byType[static_cast<size_t>(entry.first)] = entry.second;
+  }
+  return byType;
+}();
+
 } // namespace
 
 std::optional<NcclElementType> ncclElementType(at::ScalarType type) {
@@ -26,12 +42,11 @@ std::optional<NcclElementType> ncclElementType(at::ScalarType type) {
     return real ? std::optional<NcclElementType>({real->dtype, 2})
                 : std::nullopt;
   }
-  for (const auto& [torchType, ncclType] : kRealTypes) {
-    if (torchType == type) {
-      return NcclElementType{ncclType, 1};
-    }
+  const auto index = static_cast<size_t>(type);
+  if (index >= kScalarTypes || kNcclTypeOf[index] < 0) {
+    return std::nullopt;
   }
-  return std::nullopt;
+  return NcclElementType{static_cast<ncclDataType_t>(kNcclTypeOf[index]), 1};
 }
 
 } // namespace nccl_core
