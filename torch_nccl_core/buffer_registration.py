@@ -53,6 +53,8 @@ def registration_stats(group: dist.ProcessGroup | None = None) -> dict[str, int 
     ``registrations`` and ``bytes``: live registrations on the group's communicator (and its
     window-free twin); ``first_uses`` and ``first_use_seconds``: the registrations ops asked
     NCCL for on first use since the group began (those NCCL refused included), and their time
-    all together.
+    all together; ``upgraded_windows`` and ``upgraded_window_bytes``: the symmetric windows
+    ``Options(window_upgrade=True)`` registered since the group began (those closed since
+    included), and their bytes.
     """
     return dict(backend(group).registration_stats())

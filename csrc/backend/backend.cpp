@@ -23,6 +23,7 @@
 #include "nccl/caching_allocator_segments.h"
 #include "nccl/errors.h"
 #include "nccl/version.h"
+#include "nccl/window_pointers.h"
 
 namespace nccl_core {
 
@@ -213,9 +214,14 @@ void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
   std::lock_guard<std::mutex> lock(initMutex_);
   // Read under the lock that setTimeout takes: neither misses a new timeout.
   std::lock_guard<std::mutex> timeoutLock(timeoutMutex_);
+  // NCCL runs symmetric kernels only where every peer is load/store
+  // reachable: elsewhere windows would gain nothing.
+  const bool upgradesWindows =
+      options_->upgradesWindows() && comm_->size() > 1 &&
+      hasFeature(Feature::WindowRegistration) && everyPeerLoadStore(*comm_);
   routes_ = CommRoutes::attach(
       comm_,
-      AutoRegistration{autoRegister_, registersSegments_},
+      AutoRegistration{autoRegister_, registersSegments_, upgradesWindows},
       makeEngines(*comm_, *events_, *options_));
   routes_->setTimeout(timeout_.load());
   watchdog_ = std::make_unique<Watchdog>(
@@ -497,6 +503,19 @@ void NcclCoreBackend::teardownWithoutFinalizing(const std::string& reason) {
                  << "' could not tell its peers that it will not finalize ("
                  << e.what() << "); they wait up to the group's timeout";
   }
+}
+
+int64_t
+NcclCoreBackend::meetNext(const char* purpose, int64_t& count, int64_t vote) {
+  const int64_t meeting = ++count;
+  const auto prefix = [&](int64_t n) {
+    return storeKey(c10::str(purpose, "/", n).c_str());
+  };
+  const int64_t tally = meetEveryRank(prefix(meeting), vote);
+  if (getRank() == 0 && meeting > 1) {
+    leaveRendezvous(*store_, prefix(meeting - 1), getSize());
+  }
+  return tally;
 }
 
 int64_t NcclCoreBackend::meetEveryRank(std::string prefix, int64_t count) {

@@ -535,6 +535,10 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   // meet, bounded by the group's timeout, given up once the group fails),
   // adding `count` to the tally it returns.
   int64_t meetEveryRank(std::string prefix, int64_t count);
+  // The next meeting of every rank for `purpose` (`count` numbers them, so
+  // each has keys of its own): its tally; rank 0 then removes the keys of
+  // the meeting before, which every rank has left.
+  int64_t meetNext(const char* purpose, int64_t& count, int64_t vote);
   // The ranks agree in the store that each can run the collective `op`;
   // RuntimeError on every rank if one cannot (`mine`: this rank's reason).
   void agreeToGoAhead(const char* op, const std::string& mine);
@@ -565,6 +569,11 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   int64_t shrinks_ = 0;
   // suspend() meetings, likewise.
   int64_t offloads_ = 0;
+  // Window upgrade votes, likewise (one at a time: WindowUpgrade's lock).
+  int64_t upgradeVotes_ = 0;
+  const AgreeFn agreeOnUpgrade_ = [this](int64_t vote) {
+    return meetNext("window_upgrade", upgradeVotes_, vote);
+  };
 
   std::shared_ptr<FailureState> failure_ = std::make_shared<FailureState>();
   const std::shared_ptr<BackendHooks> hooks_ = std::make_shared<BackendHooks>();

@@ -178,7 +178,8 @@ OpPlan NcclCoreBackend::prepare(
           launchOptions.routable,
           launchOptions.reduction,
           capturing,
-          coalescing_});
+          coalescing_,
+          &agreeOnUpgrade_});
   const SyncOpDetail* oneSided = launchOptions.oneSided;
   return OpPlan{
       OpInfo{call.type, call.name, ++seq_, oneSided && oneSided->waitsOnPeers},

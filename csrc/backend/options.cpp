@@ -85,6 +85,11 @@ bool NcclCoreOptions::registersCachingAllocator() const {
           .value_or(false));
 }
 
+bool NcclCoreOptions::upgradesWindows() const {
+  return windowUpgrade.value_or(
+      c10::utils::check_env("TORCH_NCCL_CORE_WINDOW_UPGRADE").value_or(false));
+}
+
 ncclConfig_t NcclCoreOptions::toNcclConfig() const {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   // torch's switch for its NCCL backend, where the option is left unset.

@@ -39,6 +39,12 @@ struct NcclCoreOptions {
   // GPUs it gained nothing measurable, docs/performance.md), true = on,
   // false = off (nccl/caching_allocator_segments.h).
   std::optional<bool> registerCachingAllocator;
+  // An all-reduce or reduce-scatter that runs on the same buffers again, at
+  // sizes where NCCL's symmetric kernels pay, gets them registered as
+  // symmetric windows by every rank together (backend/routing/
+  // window_upgrade.h): unset = TORCH_NCCL_CORE_WINDOW_UPGRADE (default off),
+  // true = on, false = off.
+  std::optional<bool> windowUpgrade;
   // NCCL's CTA policy (ncclConfig_t.CTAPolicy): "default", "efficiency", or
   // "zero" (all_gather and all_to_all on copy engines, no SMs, where NCCL can);
   // unset keeps NCCL's (and NCCL_CTA_POLICY).
@@ -50,6 +56,8 @@ struct NcclCoreOptions {
   // Whether registerCachingAllocator is on, the environment deciding where
   // it is unset.
   bool registersCachingAllocator() const;
+  // Whether windowUpgrade is on, likewise.
+  bool upgradesWindows() const;
 
   // Raises ValueError for out-of-range values.
   void validate() const;

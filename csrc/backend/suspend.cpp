@@ -6,7 +6,6 @@
 // the group usable on every rank.
 
 #include "backend/backend.h"
-#include "backend/runtime/rendezvous.h"
 #include "nccl/errors.h"
 
 namespace nccl_core {
@@ -47,15 +46,7 @@ std::string NcclCoreBackend::suspendRefusal() {
 }
 
 void NcclCoreBackend::agreeToGoAhead(const char* op, const std::string& mine) {
-  const int64_t meeting = ++offloads_;
-  const auto prefix = [&](int64_t n) {
-    return storeKey(c10::str(op, "/", n).c_str());
-  };
-  const int64_t refusing = meetEveryRank(prefix(meeting), mine.empty() ? 0 : 1);
-  if (getRank() == 0 && meeting > 1) {
-    // Every rank is past the meeting before this one.
-    leaveRendezvous(*store_, prefix(meeting - 1), getSize());
-  }
+  const int64_t refusing = meetNext(op, offloads_, mine.empty() ? 0 : 1);
   failure_->raiseIfFailed();
   NCCL_CORE_CHECK_STATE(
       refusing == 0,

@@ -1,6 +1,7 @@
 #include "nccl/api.h"
 
 #include <c10/cuda/CUDAException.h>
+#include <cuda.h>
 #include <dlfcn.h>
 
 // Declared by nccl_device.h, which only nvcc compiles; same symbols, with
@@ -14,6 +15,68 @@ ncclResult_t ncclDevCommDestroy(ncclComm_t comm, const void* devComm);
 namespace nccl_core {
 
 namespace {
+
+// The CUDA driver's cuMem queries, looked up through the runtime (the
+// extension does not link libcuda).
+struct CuMemQueries {
+  decltype(&cuMemGetAddressRange) addressRange = nullptr;
+  decltype(&cuMemRetainAllocationHandle) retain = nullptr;
+  decltype(&cuMemGetAllocationPropertiesFromHandle) properties = nullptr;
+  decltype(&cuMemRelease) release = nullptr;
+};
+
+template <typename Fn>
+void driverEntry(Fn& entry, const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion(
+          name, &fn, 12000, cudaEnableDefault, &found) == cudaSuccess &&
+      found == cudaDriverEntryPointSuccess) {
+    entry = reinterpret_cast<Fn>(fn);
+  }
+}
+
+const CuMemQueries& cuMemQueries() {
+  static const CuMemQueries queries = [] {
+    CuMemQueries q;
+    driverEntry(q.addressRange, "cuMemGetAddressRange");
+    driverEntry(q.retain, "cuMemRetainAllocationHandle");
+    driverEntry(q.properties, "cuMemGetAllocationPropertiesFromHandle");
+    driverEntry(q.release, "cuMemRelease");
+    return q;
+  }();
+  return queries;
+}
+
+// torch's cudaMalloc segments have no cuMem handle to retain; NCCL memory
+// and torch's expandable segments do (one handle per mapped page). NCCL
+// shares the handle with its peers as a file descriptor, or a fabric handle
+// across an NVLink domain: the allocation must have asked for one.
+bool windowable(const void* ptr, size_t bytes) {
+  const CuMemQueries& cu = cuMemQueries();
+  if (!cu.addressRange || !cu.retain || !cu.properties || !cu.release) {
+    return false;
+  }
+  const auto address = reinterpret_cast<CUdeviceptr>(ptr);
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  if (cu.addressRange(&base, &size, address) != CUDA_SUCCESS ||
+      (address - base) % NCCL_WIN_REQUIRED_ALIGNMENT != 0 ||
+      address + bytes > base + size) {
+    return false;
+  }
+  CUmemGenericAllocationHandle handle;
+  if (cu.retain(&handle, reinterpret_cast<void*>(base)) != CUDA_SUCCESS) {
+    return false;
+  }
+  CUmemAllocationProp prop{};
+  const bool shareable =
+      cu.properties(&prop, handle) == CUDA_SUCCESS &&
+      (prop.requestedHandleTypes & (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR |
+                                    CU_MEM_HANDLE_TYPE_FABRIC)) != 0;
+  cu.release(handle);
+  return shareable;
+}
 
 template <typename Fn>
 void lookUp(Fn& entry, const char* name) {
@@ -75,6 +138,7 @@ NcclApi makeRealApi() {
   api.getDevice = &cudaGetDevice;
   api.setDevice = &cudaSetDevice;
   api.exchangeStreamCaptureMode = &cudaThreadExchangeStreamCaptureMode;
+  api.windowable = &windowable;
   return api;
 }
 

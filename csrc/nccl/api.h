@@ -112,6 +112,10 @@ struct NcclApi {
   decltype(&cudaGetDevice) getDevice;
   decltype(&cudaSetDevice) setDevice;
   decltype(&cudaThreadExchangeStreamCaptureMode) exchangeStreamCaptureMode;
+  // Whether ncclCommWindowRegister can map [ptr, ptr + bytes): one cuMem
+  // allocation holds it, at an offset NCCL_WIN_REQUIRED_ALIGNMENT divides
+  // (the CUDA driver's answer, as NCCL 2.28's dev_runtime.cc asks it).
+  bool (*windowable)(const void* ptr, size_t bytes);
 };
 
 // NCCL's own entry points (the newer ones where the runtime has them): what

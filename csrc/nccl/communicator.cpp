@@ -678,6 +678,15 @@ Communicator::findWindow(const void* ptr, size_t bytes) {
              : nullptr;
 }
 
+bool Communicator::overlapsWindow(const void* ptr, size_t bytes) {
+  const auto address = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::any_of(windows_.begin(), windows_.end(), [&](Window* window) {
+    const auto base = reinterpret_cast<uintptr_t>(window->userPtr());
+    return address < base + window->size() && base < address + bytes;
+  });
+}
+
 size_t Communicator::resourceCount() {
   std::lock_guard<std::mutex> lock(mutex_);
   return resources_.size();

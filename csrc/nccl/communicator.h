@@ -295,6 +295,9 @@ class Communicator final : public AllocationObserver,
   createPreMulSum(const void* hostScalar, ncclDataType_t dtype);
   // The window of this communicator covering [ptr, ptr + bytes), if any.
   std::shared_ptr<Window> findWindow(const void* ptr, size_t bytes);
+  // Whether a window of this communicator overlaps [ptr, ptr + bytes): NCCL
+  // looks windows up by address, so another one there would be ambiguous.
+  bool overlapsWindow(const void* ptr, size_t bytes);
   size_t resourceCount();
 
   // Tracks a device communicator made by createDevComm (dev_comm.h).

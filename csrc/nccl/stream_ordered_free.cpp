@@ -184,6 +184,9 @@ void freeFinished(bool wait) noexcept {
   std::vector<Pending> ready;
   std::vector<Pending> kept;
   for (Pending& entry : entries) {
+    // A default stream's handle names the current device's.
+    const c10::cuda::CUDAGuard guard(
+        static_cast<c10::DeviceIndex>(entry.device));
     const bool recorded = recordOnStreams(entry);
     if (wait && recorded && entry.unrecorded.empty()) {
       for (cudaEvent_t event : entry.events) {

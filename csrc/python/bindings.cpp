@@ -60,6 +60,8 @@ std::string repr(const NcclCoreOptions& o) {
       opt(o.oneShotAllReduce),
       ", register_caching_allocator=",
       opt(o.registerCachingAllocator),
+      ", window_upgrade=",
+      opt(o.windowUpgrade),
       ", cta_policy=",
       optStr(o.ctaPolicy),
       ")");
@@ -90,6 +92,13 @@ of torch's caching allocator they lie in with NCCL on first use, and torch's
 free of the segment drops it; ``None`` follows
 ``TORCH_NCCL_CORE_REGISTER_ALLOCATOR`` (default off: on 2 GPUs it gained
 nothing measurable, docs/performance.md).
+``window_upgrade``: an ``all_reduce`` or ``reduce_scatter_tensor`` that runs
+on the same buffers a third time, at sizes where NCCL's symmetric kernels
+were measured faster, makes them symmetric windows if every rank can (NCCL
+memory, or torch's expandable segments with ``register_caching_allocator``;
+all peers load/store reachable), deciding together in the group's store;
+for programs that pass the same buffers on every rank, as DDP and FSDP do.
+``None`` follows ``TORCH_NCCL_CORE_WINDOW_UPGRADE`` (default off).
 ``cta_policy``: NCCL's CTA policy, ``'default'``, ``'efficiency'`` or
 ``'zero'`` (all_gather and all_to_all on copy engines, no SMs, where NCCL can:
 within a node, and across nodes from NCCL 2.30.7); ``None`` keeps NCCL's.)")
@@ -106,6 +115,7 @@ within a node, and across nodes from NCCL 2.30.7); ``None`` keeps NCCL's.)")
                       std::optional<bool> copyEngineReduceScatter,
                       std::optional<bool> oneShotAllReduce,
                       std::optional<bool> registerCachingAllocator,
+                      std::optional<bool> windowUpgrade,
                       std::optional<std::string> ctaPolicy) {
             auto o = std::make_shared<NcclCoreOptions>();
             o->timeout = timeout;
@@ -120,6 +130,7 @@ within a node, and across nodes from NCCL 2.30.7); ``None`` keeps NCCL's.)")
             o->copyEngineReduceScatter = copyEngineReduceScatter;
             o->oneShotAllReduce = oneShotAllReduce;
             o->registerCachingAllocator = registerCachingAllocator;
+            o->windowUpgrade = windowUpgrade;
             o->ctaPolicy = std::move(ctaPolicy);
             o->validate();
             return o;
@@ -137,6 +148,7 @@ within a node, and across nodes from NCCL 2.30.7); ``None`` keeps NCCL's.)")
           py::arg("copy_engine_reduce_scatter") = py::none(),
           py::arg("one_shot_all_reduce") = py::none(),
           py::arg("register_caching_allocator") = py::none(),
+          py::arg("window_upgrade") = py::none(),
           py::arg("cta_policy") = py::none())
       .def_readwrite("timeout", &NcclCoreOptions::timeout)
       .def_readwrite(
@@ -155,6 +167,7 @@ within a node, and across nodes from NCCL 2.30.7); ``None`` keeps NCCL's.)")
       .def_readwrite(
           "register_caching_allocator",
           &NcclCoreOptions::registerCachingAllocator)
+      .def_readwrite("window_upgrade", &NcclCoreOptions::windowUpgrade)
       .def_readwrite("cta_policy", &NcclCoreOptions::ctaPolicy)
       .def("__repr__", &repr);
 }

@@ -13,7 +13,9 @@ inline pybind11::dict registrationStatsDict(const RegistrationStats& stats) {
       pybind11::arg("registrations") = stats.registrations,
       pybind11::arg("bytes") = stats.bytes,
       pybind11::arg("first_uses") = stats.firstUses,
-      pybind11::arg("first_use_seconds") = stats.firstUseSeconds);
+      pybind11::arg("first_use_seconds") = stats.firstUseSeconds,
+      pybind11::arg("upgraded_windows") = stats.upgradedWindows,
+      pybind11::arg("upgraded_window_bytes") = stats.upgradedWindowBytes);
 }
 
 } // namespace nccl_core

@@ -290,6 +290,12 @@ cudaError_t exchangeCaptureMode(cudaStreamCaptureMode* /*mode*/) {
   return cudaSuccess;
 }
 
+// Any memory can be a window, unless a test scripts a refusal
+// (failNext("windowable", ...)).
+bool windowable(const void* /*ptr*/, size_t /*bytes*/) {
+  return Call("windowable", nullptr).result == ncclSuccess;
+}
+
 } // namespace
 
 FakeNccl::FakeNccl(bool realCuda, bool revoke, bool suspend, bool grow) {
@@ -328,6 +334,7 @@ FakeNccl::FakeNccl(bool realCuda, bool revoke, bool suspend, bool grow) {
   table_.setDevice = realCuda ? realNccl().setDevice : &setDevice;
   table_.exchangeStreamCaptureMode =
       realCuda ? realNccl().exchangeStreamCaptureMode : &exchangeCaptureMode;
+  table_.windowable = &windowable;
   FakeNccl* expected = nullptr;
   TORCH_CHECK(
       installedFake.compare_exchange_strong(expected, this),

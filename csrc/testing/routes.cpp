@@ -1,6 +1,7 @@
 // torch_nccl_core._testing.CommRoutes: the backend's routing over a
 // communicator of the fake NCCL, with CPU tensors standing for NCCL memory.
 #include <pybind11/chrono.h>
+#include <pybind11/functional.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -32,14 +33,17 @@ c10d::OpType opType(const std::string& op) {
 }
 
 // Routes an op as launch() does and registers what it found unregistered:
-// "group" or "twin", the communicator it runs on.
+// "group" or "twin", the communicator it runs on. `agree` stands for the
+// ranks' meeting of a window upgrade: it gets this rank's vote and returns
+// the tally.
 std::string route(
     CommRoutes& routes,
     const std::string& op,
     const std::vector<at::Tensor>& outputs,
     const std::vector<at::Tensor>& inputs,
     bool routable,
-    bool coalescing) {
+    bool coalescing,
+    const std::optional<AgreeFn>& agree) {
   Route route = routes.route(
       RouteQuery{
           opType(op),
@@ -48,7 +52,8 @@ std::string route(
           routable,
           std::nullopt,
           false,
-          coalescing});
+          coalescing,
+          agree ? &*agree : nullptr});
   const bool onTwin = &route.comm == routes.twin().get();
   routes.registerMemory(route);
   return onTwin ? "twin" : "group";
@@ -66,15 +71,18 @@ void bindRoutes(py::module_& testing) {
       .def(
           py::init([](std::shared_ptr<Communicator> comm,
                       bool autoRegister,
-                      bool registerCachingAllocator) {
+                      bool registerCachingAllocator,
+                      bool windowUpgrade) {
             return CommRoutes::attach(
                 std::move(comm),
-                AutoRegistration{autoRegister, registerCachingAllocator},
+                AutoRegistration{
+                    autoRegister, registerCachingAllocator, windowUpgrade},
                 {});
           }),
           py::arg("comm"),
           py::arg("auto_register") = true,
-          py::arg("register_caching_allocator") = false)
+          py::arg("register_caching_allocator") = false,
+          py::arg("window_upgrade") = false)
       .def(
           "route",
           &route,
@@ -83,6 +91,7 @@ void bindRoutes(py::module_& testing) {
           py::arg("inputs"),
           py::arg("routable") = true,
           py::arg("coalescing") = false,
+          py::arg("agree") = py::none(),
           py::call_guard<py::gil_scoped_release>())
       .def(
           "register_segments",

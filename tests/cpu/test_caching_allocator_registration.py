@@ -49,7 +49,13 @@ def test_a_segment_is_registered_on_first_use_once_and_a_view_shares_it(fake, se
     assert fake.calls("ncclCommRegister") == 1
     stats = routes.registration_stats()
     seconds = stats.pop("first_use_seconds")
-    assert stats == {"registrations": 1, "bytes": 64 * KiB, "first_uses": 1}
+    assert stats == {
+        "registrations": 1,
+        "bytes": 64 * KiB,
+        "first_uses": 1,
+        "upgraded_windows": 0,
+        "upgraded_window_bytes": 0,
+    }
     assert seconds > 0  # the one registration's time
     testing.abort(comm)
 
@@ -125,7 +131,13 @@ def test_a_registered_pool_holds_each_segment_once(fake, segments):
     assert [x.handle for x in again] == [x.handle for x in buffers]
     stats = routes.registration_stats()
     stats.pop("first_use_seconds")
-    assert stats == {"registrations": 2, "bytes": 48 * KiB, "first_uses": 0}
+    assert stats == {
+        "registrations": 2,
+        "bytes": 48 * KiB,
+        "first_uses": 0,
+        "upgraded_windows": 0,
+        "upgraded_window_bytes": 0,
+    }
     testing.note_segment_event("free", a)  # freed while registered
     assert not buffers[0].is_valid and buffers[1].is_valid
     for buffer in buffers:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -34,6 +35,25 @@ def test_wait_orders_the_current_stream(rank):
     work = dist.all_reduce(tensor, async_op=True)
     work.wait()
     snapshot = tensor.clone()  # on the current stream, no host synchronisation in between
+    assert_equal(snapshot, expected)
+
+
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="needs a second GPU to make current instead"
+)
+def test_wait_orders_the_ops_device_whatever_device_is_current(rank):
+    """Programs that never call set_device run ops on cuda:rank while cuda:0 is current. The
+    default stream's handle names the current device's, so a wait() issued there must still
+    order the op's device (was: the other device's stream waited, and DDP's parameter check
+    read a peer's count as 0)."""
+    tensor = rank_tensor(BIG, DTYPE, rank)
+    expected = reference_reduce(all_ranks(BIG, DTYPE), "sum")
+    _delay_last_rank(rank)
+    other = (tensor.device.index + 1) % torch.cuda.device_count()
+    with torch.cuda.device(other):
+        work = dist.all_reduce(tensor, async_op=True)
+        work.wait()
+        snapshot = tensor.clone()  # on the tensor's device's current stream
     assert_equal(snapshot, expected)
 
 

@@ -35,6 +35,17 @@ bool valid(const std::shared_ptr<RegisteredBuffer>& buffer) {
   return buffer && buffer->isValid();
 }
 
+// What routing sizes an op by.
+size_t largestTensorBytes(const RouteQuery& query) {
+  size_t bytes = 0;
+  for (const auto* tensors : {&query.outputs, &query.inputs}) {
+    for (const at::Tensor& tensor : *tensors) {
+      bytes = std::max(bytes, static_cast<size_t>(tensor.nbytes()));
+    }
+  }
+  return bytes;
+}
+
 } // namespace
 
 std::shared_ptr<CommRoutes> CommRoutes::attach(
@@ -54,7 +65,12 @@ CommRoutes::CommRoutes(
     Engines engines)
     : comm_(std::move(comm)),
       autoRegister_(autoRegister),
-      engines_(std::move(engines)) {}
+      engines_(std::move(engines)),
+      upgrade_(
+          autoRegister.windowUpgrade ? std::make_unique<WindowUpgrade>(
+                                           *comm_,
+                                           autoRegister.cachingAllocator)
+                                     : nullptr) {}
 
 bool CommRoutes::hasStaging() const {
   return std::any_of(engines_.begin(), engines_.end(), [](const auto& engine) {
@@ -101,6 +117,15 @@ Route CommRoutes::route(const RouteQuery& query) {
   if (EngineRun engine = engineFor(query)) {
     return Route{*comm_, std::move(engine)};
   }
+  if (upgrade_ && query.agree && query.routable && !query.coalescing &&
+      !query.capturing && symmetricKernelsSetting() == SymmetricKernels::Auto) {
+    upgrade_->consider(
+        query.type,
+        query.outputs,
+        query.inputs,
+        largestTensorBytes(query),
+        *query.agree);
+  }
   // Most groups have no symmetric window, hence no twin: one atomic load.
   const bool mayMove = query.routable && !query.coalescing &&
                        hasTwin_.load(std::memory_order_acquire) &&
@@ -118,11 +143,9 @@ Route CommRoutes::route(const RouteQuery& query) {
   // memory or tracked segments), then this table, read-locked, for its
   // windows and registrations. Windows need NCCL memory, so plain tensors
   // stop early unless this group registers torch's segments.
-  size_t bytes = 0;
   Found found;
   for (const auto* tensors : {&query.outputs, &query.inputs}) {
     for (const at::Tensor& tensor : *tensors) {
-      bytes = std::max(bytes, static_cast<size_t>(tensor.nbytes()));
       const auto allocation =
           findAllocation(tensor.data_ptr(), tensor.nbytes());
       if (allocation && allocation->device == comm_->device() &&
@@ -136,9 +159,10 @@ Route CommRoutes::route(const RouteQuery& query) {
     return Route{*comm_};
   }
   const Lookup known = lookUp(found);
-  const bool toTwin = mayMove && known.twin && known.inSymmetricWindow &&
-                      !(symmetricKernelsSetting() == SymmetricKernels::Auto &&
-                        symmetricKernelsWin(query.type, bytes));
+  const bool toTwin =
+      mayMove && known.twin && known.inSymmetricWindow &&
+      !(symmetricKernelsSetting() == SymmetricKernels::Auto &&
+        symmetricKernelsWin(query.type, largestTensorBytes(query)));
   // The twin, once made, is never replaced and lives as long as this object:
   // a reference will do.
   Route route{toTwin ? *known.twin : *comm_};
@@ -275,6 +299,10 @@ RegistrationStats CommRoutes::registrationStats() const {
   RegistrationStats stats;
   stats.firstUses = firstUses_.load();
   stats.firstUseSeconds = static_cast<double>(firstUseNanos_.load()) * 1e-9;
+  if (upgrade_) {
+    stats.upgradedWindows = upgrade_->windows();
+    stats.upgradedWindowBytes = upgrade_->windowBytes();
+  }
   std::shared_lock<std::shared_mutex> lock(mutex_);
   for (const auto& [id, memory] : memory_) {
     for (const auto* buffer : {&memory.onComm, &memory.onTwin}) {

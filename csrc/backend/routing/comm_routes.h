@@ -14,6 +14,7 @@
 //   the group asked for it (Options.register_caching_allocator).
 // - Registered memory pools (register_mem_pool): their segments, registered
 //   at once.
+// - The lazy window upgrade (window_upgrade.h), where the group asked for it.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "backend/engines/engine.h"
+#include "backend/routing/window_upgrade.h"
 #include "nccl/allocations.h"
 #include "nccl/caching_allocator_segments.h"
 #include "nccl/communicator.h"
@@ -40,6 +42,9 @@ namespace nccl_core {
 struct AutoRegistration {
   bool ncclMemory = true;        // TORCH_NCCL_CORE_AUTO_REGISTER
   bool cachingAllocator = false; // Options.register_caching_allocator
+  // Options.window_upgrade, where NCCL's symmetric kernels can run (every
+  // peer load/store reachable).
+  bool windowUpgrade = false;
 };
 
 // What the group holds registered, and what registering on first use cost.
@@ -48,6 +53,8 @@ struct RegistrationStats {
   size_t bytes = 0;
   size_t firstUses = 0; // registrations ops asked NCCL for, refused included
   double firstUseSeconds = 0; // their time, all together
+  size_t upgradedWindows = 0; // windows the upgrade registered, closed too
+  size_t upgradedWindowBytes = 0;
 };
 
 // What an op asks of routing (NcclCoreBackend::prepare fills it in).
@@ -61,6 +68,8 @@ struct RouteQuery {
   std::optional<c10d::ReduceOp::RedOpType> reduction;
   bool capturing = false;
   bool coalescing = false; // every op of an NCCL group runs on one comm
+  // The ranks' meeting for a window upgrade; null: no upgrade.
+  const AgreeFn* agree = nullptr;
 };
 
 // An op that one of the backend's own engines runs in NCCL's place,
@@ -179,6 +188,7 @@ class CommRoutes final : public CommunicatorListener,
   std::shared_ptr<Communicator> twin_;
   std::atomic<bool> hasTwin_{false}; // twin_ set: a lock-free look per op
   const Engines engines_;
+  const std::unique_ptr<WindowUpgrade> upgrade_; // null unless asked for
 };
 
 } // namespace nccl_core

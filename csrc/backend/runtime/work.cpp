@@ -103,6 +103,9 @@ bool NcclWork::wait(std::chrono::milliseconds timeout) {
   // A kernel that NCCL aborted also completes its event: the failure decides.
   failure_.raiseIfFailed();
   if (end_) {
+    // On the op's device: its default stream's handle (0) names the current
+    // device's, and callers need not have set_device to the group's.
+    const c10::cuda::CUDAGuard deviceGuard(device_.index());
     C10_CUDA_CHECK(cudaStreamWaitEvent(
         c10::cuda::getCurrentCUDAStream(device_.index()).stream(),
         end_.get(),

@@ -1,0 +1,115 @@
+#include "backend/routing/window_upgrade.h"
+
+#include <algorithm>
+
+#include "backend/routing/policy.h"
+#include "nccl/allocations.h"
+
+namespace nccl_core {
+
+namespace {
+
+bool contains(uintptr_t base, size_t size, uintptr_t ptr, size_t bytes) {
+  return ptr >= base && ptr + bytes <= base + size;
+}
+
+} // namespace
+
+WindowUpgrade::WindowUpgrade(Communicator& comm, bool trackedSegments)
+    : comm_(comm), trackedSegments_(trackedSegments) {}
+
+bool WindowUpgrade::qualifies(const Buffer& buffer) const {
+  const auto allocation = findAllocation(buffer.ptr, buffer.bytes);
+  return allocation && allocation->device == comm_.device() &&
+         (allocation->kind == MemoryKind::Nccl || trackedSegments_) &&
+         !comm_.overlapsWindow(buffer.ptr, buffer.bytes) &&
+         comm_.api().windowable(buffer.ptr, buffer.bytes);
+}
+
+void WindowUpgrade::consider(
+    c10d::OpType type,
+    const std::vector<at::Tensor>& outputs,
+    const std::vector<at::Tensor>& inputs,
+    size_t bytes,
+    const AgreeFn& agree) {
+  if ((type != c10d::OpType::ALLREDUCE &&
+       type != c10d::OpType::_REDUCE_SCATTER_BASE) ||
+      outputs.size() != 1 || inputs.size() > 1 ||
+      !symmetricKernelsWin(type, bytes)) {
+    return;
+  }
+  const Buffer output{outputs[0].data_ptr(), outputs[0].nbytes()};
+  // An in-place all_reduce names its tensor once.
+  const Buffer input = inputs.empty()
+                           ? output
+                           : Buffer{inputs[0].data_ptr(), inputs[0].nbytes()};
+  // One window where one buffer holds the other (in place), two where they
+  // are apart; buffers that overlap otherwise get none.
+  const auto in = [](const Buffer& outer, const Buffer& inner) {
+    return contains(
+        reinterpret_cast<uintptr_t>(outer.ptr),
+        outer.bytes,
+        reinterpret_cast<uintptr_t>(inner.ptr),
+        inner.bytes);
+  };
+  const auto address = [](const Buffer& b) {
+    return reinterpret_cast<uintptr_t>(b.ptr);
+  };
+  Buffers buffers;
+  bool apart = true;
+  if (in(input, output)) {
+    buffers.push_back(input);
+  } else if (in(output, input)) {
+    buffers.push_back(output);
+  } else {
+    apart = address(output) + output.bytes <= address(input) ||
+            address(input) + input.bytes <= address(output);
+    buffers.push_back(output);
+    buffers.push_back(input);
+  }
+
+  const std::lock_guard<std::mutex> lock(mutex_);
+  auto shape =
+      std::find_if(shapes_.begin(), shapes_.end(), [&](const Shape& s) {
+        return s.type == type && s.outputBytes == output.bytes &&
+               s.inputBytes == input.bytes;
+      });
+  if (shape == shapes_.end()) {
+    if (shapes_.size() == kMaxShapes) {
+      return;
+    }
+    shapes_.push_back(Shape{type, output.bytes, input.bytes});
+    shape = std::prev(shapes_.end());
+  }
+  if (shape->runs == kVoteAtRun) {
+    return; // voted on already
+  }
+  const bool repeated = shape->last == buffers;
+  shape->last = buffers;
+  if (++shape->runs < kVoteAtRun) {
+    return;
+  }
+  // Every rank votes the number of windows it would register, encoded so
+  // that the tally says whether every rank votes the same: 1 for one
+  // window, size + 1 for two (no mix of ranks sums to size * (size + 1)).
+  const bool mine =
+      repeated && apart &&
+      std::all_of(buffers.begin(), buffers.end(), [&](const Buffer& b) {
+        return qualifies(b);
+      });
+  const int64_t size = comm_.size();
+  const int64_t vote = !mine ? 0 : buffers.size() == 1 ? 1 : size + 1;
+  if (agree(vote) != vote * size || vote == 0) {
+    return;
+  }
+  for (const Buffer& buffer : buffers) {
+    // NCCL gives every rank a window or none (a platform without them).
+    if (comm_.registerWindow(
+            buffer.ptr, buffer.bytes, NCCL_WIN_COLL_SYMMETRIC)) {
+      windows_ += 1;
+      windowBytes_ += buffer.bytes;
+    }
+  }
+}
+
+} // namespace nccl_core

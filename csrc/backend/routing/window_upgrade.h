@@ -1,0 +1,97 @@
+// Lazy window upgrade (Options.window_upgrade): buffers that an all-reduce
+// or reduce-scatter runs on again, at sizes where NCCL's symmetric kernels
+// beat its ring (policy.h), become symmetric windows of the group's
+// communicator, so that the op and the ones after it run on those kernels.
+//
+// A window is registered by every rank together, and NCCL's symmetric kernels
+// need every rank's buffers in windows at the same offset; each rank only
+// knows its own memory. So the trigger depends only on what every rank sees
+// alike (the op, its sizes, how often the group ran that op shape), and at it
+// the ranks vote (a meeting in the group's store, once per op shape): the
+// buffers become windows on every rank or on none. A window starts at the
+// buffer and has its size (offset 0 everywhere) and lives until the memory
+// is freed, like one from register_window.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/SmallVector.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <vector>
+
+#include "nccl/communicator.h"
+
+namespace nccl_core {
+
+// Every rank's vote, summed: a meeting of the group's ranks.
+using AgreeFn = std::function<int64_t(int64_t vote)>;
+
+class WindowUpgrade {
+ public:
+  // `trackedSegments`: torch's caching-allocator segments are in the
+  // allocation table for this group (their free closes the window).
+  WindowUpgrade(Communicator& comm, bool trackedSegments);
+
+  // An op of `type` on `outputs` / `inputs` (none: in place; the largest
+  // `bytes`), not
+  // coalesced or captured, that NCCL may give symmetric kernels. On the run
+  // of its shape that triggers the vote, asks `agree` and registers the
+  // windows the ranks agreed on. Collective at that run.
+  void consider(
+      c10d::OpType type,
+      const std::vector<at::Tensor>& outputs,
+      const std::vector<at::Tensor>& inputs,
+      size_t bytes,
+      const AgreeFn& agree);
+
+  // Windows it registered, and their bytes (closed ones included).
+  size_t windows() const {
+    return windows_.load();
+  }
+  size_t windowBytes() const {
+    return windowBytes_.load();
+  }
+
+  // The run of an op shape at which the ranks vote.
+  static constexpr int kVoteAtRun = 3;
+  // Op shapes followed per group; later ones are left alone.
+  static constexpr size_t kMaxShapes = 64;
+
+ private:
+  struct Buffer {
+    void* ptr;
+    size_t bytes;
+    bool operator==(const Buffer& other) const {
+      return ptr == other.ptr && bytes == other.bytes;
+    }
+  };
+  using Buffers = c10::SmallVector<Buffer, 2>;
+  // An op shape: what every rank's op has alike.
+  struct Shape {
+    c10d::OpType type;
+    size_t outputBytes;
+    size_t inputBytes; // 0 in place
+    int runs = 0;
+    Buffers last; // this rank's buffers at its last run
+  };
+
+  // Whether NCCL can map `buffer` into a window of this group now: memory
+  // the allocation table tracks (its free closes the window), in no window
+  // yet, in one cuMem allocation at an aligned offset.
+  bool qualifies(const Buffer& buffer) const;
+
+  Communicator& comm_;
+  const bool trackedSegments_;
+  // Held through a vote and its registrations: they are collective, so one
+  // at a time on this rank.
+  std::mutex mutex_;
+  std::vector<Shape> shapes_;
+  std::atomic<size_t> windows_{0};
+  std::atomic<size_t> windowBytes_{0};
+};
+
+} // namespace nccl_core
