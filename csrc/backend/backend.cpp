@@ -405,7 +405,8 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::endCoalescing() {
   const Communicator::Use group = std::move(*coalescedGroup_);
   coalescedGroup_.reset();
   // NCCL launches the block's kernels at ncclGroupEnd: under this range.
-  const OpProfile profile(info, *groupName_, getRank(), getSize(), tensors, {});
+  const OpProfile profile(
+      info, *groupName_, getRank(), getSize(), /*peer=*/-1, tensors, {});
   const c10::cuda::CUDAGuard deviceGuard(*coalescedDevice_);
   const bool capturing = isCapturing(stream_->stream());
   if (capturing) {

@@ -111,7 +111,13 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::launch(
   OpPlan plan = prepare(call, outputs, inputs, launchOptions);
   // From here on under the op's profiler range: registration can take long.
   const OpProfile profile(
-      plan.info, *groupName_, getRank(), getSize(), inputs, outputs);
+      plan.info,
+      *groupName_,
+      getRank(),
+      getSize(),
+      launchOptions.peer,
+      inputs,
+      outputs);
   beforeEnqueue(plan);
   const bool sync = !coalescing_ && !call.asyncOp && !launchOptions.blocksHost;
   // A captured op runs when the graph is replayed, untracked. One-sided ops

@@ -38,10 +38,18 @@ def test_ops_appear_in_the_profiler_with_shapes_and_kernels(rank, async_op):
         for event in events
         if event.name.startswith("nccl_core:") and event.device_type == DeviceType.CPU
     }
-    assert {"nccl_core:allreduce", "nccl_core:broadcast", "nccl_core:send", "nccl_core:recv"} <= (
-        set(ranges)
-    ), sorted(ranges)
-    assert [NUMEL] in ranges["nccl_core:allreduce"].input_shapes
+    # torch's names of the ops, as ProcessGroupNCCL's ranges have them ("nccl:all_reduce"), and
+    # async events as its Work's are: torch's DDP profiling test looks for both.
+    after, before = ring_peers(rank)
+    named = {
+        "nccl_core:all_reduce",
+        "nccl_core:broadcast",
+        f"nccl_core:send {rank}->{after}",
+        f"nccl_core:recv {rank}<-{before}",
+    }
+    assert named <= set(ranges), sorted(ranges)
+    assert all(ranges[name].is_async for name in named)
+    assert [NUMEL] in ranges["nccl_core:all_reduce"].input_shapes
     assert any(event.name == "record_param_comms" for event in events)
     kernels = [
         event.name

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <utility>
 
+#include "backend/runtime/torch_op_names.h"
 #include "nccl/version.h"
 
 namespace nccl_core {
@@ -21,38 +22,6 @@ namespace {
 constexpr bool kTorchRecords =
     TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 15;
 constexpr size_t kDefaultCapacity = 2000; // torch's default
-
-// torch's name of an op, which the analyzer matches ranks by
-// (flight_recorder/components/types.py: COLLECTIVES, P2P).
-std::string torchName(const TracedOp& op) {
-  static const std::map<std::string_view, const char*> kNames = {
-      {"allreduce", "all_reduce"},
-      {"allreduce_coalesced", "allreduce_coalesced"},
-      {"broadcast", "broadcast"},
-      {"reduce", "reduce"},
-      {"allgather", "all_gather"},
-      {"allgather_into_tensor", "_all_gather_base"},
-      {"allgather_coalesced", "ALLGATHER_coalesced"},
-      {"allgather_into_tensor_coalesced", "all_gather_into_tensor_coalesced"},
-      {"gather", "gather"},
-      {"scatter", "scatter"},
-      {"reduce_scatter", "reduce_scatter"},
-      {"reduce_scatter_tensor", "_reduce_scatter_base"},
-      {"reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced"},
-      {"alltoall_base", "all_to_all_single"},
-      {"alltoall", "all_to_all"},
-      {"barrier", "barrier"},
-  };
-  const std::string_view name(op.name);
-  if (name == "send") {
-    return c10::str("nccl:send ", op.rank, "->", op.peer);
-  }
-  if (name == "recv") {
-    return c10::str("nccl:recv ", op.rank, "<-", op.peer);
-  }
-  const auto known = kNames.find(name);
-  return c10::str("nccl:", known != kNames.end() ? known->second : op.name);
-}
 
 int64_t nowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -142,7 +111,8 @@ std::optional<size_t> FlightRecorder::record(
   entry.seq = op.seq;
   entry.sync = op.sync;
   entry.p2p = p2p;
-  entry.profilingName = torchName(op);
+  entry.profilingName =
+      c10::str("nccl:", torchOpName(op.name, op.rank, op.peer));
   entry.createdNs = nowNs();
   entry.timeoutMs = op.timeout.count();
   noteTensors(inputs, entry.inputSizes, entry.inputDtypes);

@@ -2,6 +2,8 @@
 
 #include <torch/csrc/distributed/c10d/ParamCommsUtils.hpp>
 
+#include "backend/runtime/torch_op_names.h"
+
 #include <string_view>
 #include <tuple>
 
@@ -32,6 +34,7 @@ OpProfile::OpProfile(
     const std::string& group,
     int rank,
     int size,
+    int peer,
     const std::vector<at::Tensor>& inputs,
     const std::vector<at::Tensor>& outputs) {
   if (C10_LIKELY(!range_.isActive())) {
@@ -59,7 +62,10 @@ OpProfile::OpProfile(
       0,
       1,
       size);
-  title_ = c10::str("nccl_core:", info.name);
+  title_ = c10::str("nccl_core:", torchOpName(info.name, rank, peer));
+  // c10d::Work's ranges are async events (ProcessGroupNCCL's end as soon as
+  // the op is enqueued, through its already complete future).
+  range_._setAsync();
   const std::vector<c10::IValue> values = asValues(inputs, outputs);
   range_.before(
       std::string_view(title_), &values, static_cast<int64_t>(info.seq));
