@@ -211,14 +211,15 @@ void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
   events_ = std::make_shared<EventPool>(comm_->device());
   stream_ = c10::cuda::getStreamFromPool(options_->highPriorityStream, device);
   ready_ = events_->acquire();
-  std::lock_guard<std::mutex> lock(initMutex_);
-  // Read under the lock that setTimeout takes: neither misses a new timeout.
-  std::lock_guard<std::mutex> timeoutLock(timeoutMutex_);
   // NCCL runs symmetric kernels only where every peer is load/store
-  // reachable: elsewhere windows would gain nothing.
+  // reachable: elsewhere windows would gain nothing. Asked before the locks
+  // (it asks NCCL).
   const bool upgradesWindows =
       options_->upgradesWindows() && comm_->size() > 1 &&
       hasFeature(Feature::WindowRegistration) && everyPeerLoadStore(*comm_);
+  std::lock_guard<std::mutex> lock(initMutex_);
+  // Read under the lock that setTimeout takes: neither misses a new timeout.
+  std::lock_guard<std::mutex> timeoutLock(timeoutMutex_);
   routes_ = CommRoutes::attach(
       comm_,
       AutoRegistration{autoRegister_, registersSegments_, upgradesWindows},

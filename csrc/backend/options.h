@@ -39,9 +39,9 @@ struct NcclCoreOptions {
   // GPUs it gained nothing measurable, docs/performance.md), true = on,
   // false = off (nccl/caching_allocator_segments.h).
   std::optional<bool> registerCachingAllocator;
-  // An all-reduce or reduce-scatter that runs on the same buffers again, at
-  // sizes where NCCL's symmetric kernels pay, gets them registered as
-  // symmetric windows by every rank together (backend/routing/
+  // An all-reduce or reduce-scatter that runs on the same buffers a third
+  // time, at sizes where NCCL's symmetric kernels pay, gets them registered
+  // as symmetric windows by every rank together (backend/routing/
   // window_upgrade.h): unset = TORCH_NCCL_CORE_WINDOW_UPGRADE (default off),
   // true = on, false = off.
   std::optional<bool> windowUpgrade;

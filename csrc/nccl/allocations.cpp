@@ -113,7 +113,8 @@ void recordAllocation(
     size_t size,
     int device,
     MemoryKind kind,
-    bool current) {
+    bool current,
+    bool perTensor) {
   Table& t = table();
   const auto base = reinterpret_cast<uintptr_t>(ptr);
   Forgotten stale;
@@ -133,7 +134,8 @@ void recordAllocation(
         return entry.base == base;
       });
     }
-    t.byBase[base] = Allocation{base, size, t.nextId++, device, kind, false};
+    t.byBase[base] =
+        Allocation{base, size, t.nextId++, device, kind, false, perTensor};
     countOf(t, kind).fetch_add(1, std::memory_order_release);
     t.count.store(t.byBase.size(), std::memory_order_release);
   }

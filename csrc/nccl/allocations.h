@@ -29,6 +29,9 @@ struct Allocation {
   // may use it, and freeing it closes windows, collectively (so the free
   // waits for the device rather than for a later, unordered moment).
   bool windowed = false;
+  // One tensor's own (torch_nccl_core.empty): freed with that tensor, its
+  // range never handed to another one.
+  bool perTensor = false;
 };
 
 // Told when an allocation is about to be freed; holds no lock of the table.
@@ -42,13 +45,15 @@ class AllocationObserver {
 // never replaces NCCL memory recorded at the same address (a MemPool hands it
 // out), nor the same segment seen twice; where the record is `current` (told
 // as it happened, not read from an older snapshot), it replaces a stale one
-// of another size there, whose registrations go first.
+// of another size there, whose registrations go first. `perTensor`: see
+// Allocation.
 void recordAllocation(
     void* ptr,
     size_t size,
     int device,
     MemoryKind kind = MemoryKind::Nccl,
-    bool current = true);
+    bool current = true,
+    bool perTensor = false);
 
 // Removes the NCCL allocation at `ptr` and tells every live observer, before
 // the caller frees the memory.

@@ -18,7 +18,8 @@ namespace nccl_core {
 
 namespace {
 
-void* allocate(size_t bytes, c10::DeviceIndex device) {
+// `perTensor`: the allocation is one tensor's own (Allocation::perTensor).
+void* allocate(size_t bytes, c10::DeviceIndex device, bool perTensor) {
   c10::cuda::CUDAGuard guard(device);
   freeFinished(/*wait=*/false);
   void* ptr = nullptr;
@@ -27,7 +28,8 @@ void* allocate(size_t bytes, c10::DeviceIndex device) {
     freeFinished(/*wait=*/true);
     NCCL_CORE_CHECK(realNccl().memAlloc(&ptr, bytes));
   }
-  recordAllocation(ptr, bytes, device);
+  recordAllocation(
+      ptr, bytes, device, MemoryKind::Nccl, /*current=*/true, perTensor);
   return ptr;
 }
 
@@ -60,7 +62,7 @@ class NcclAllocator final : public c10::Allocator {
     if (bytes == 0) {
       return {nullptr, nullptr, &c10::detail::deleteNothing, device};
     }
-    void* ptr = nccl_core::allocate(bytes, device_);
+    void* ptr = nccl_core::allocate(bytes, device_, /*perTensor=*/true);
     const cudaStream_t stream =
         c10::cuda::getCurrentCUDAStream(device_).stream();
     return {
@@ -130,8 +132,11 @@ at::Tensor emptyTensor(
 } // namespace nccl_core
 
 void* nccl_core_pool_alloc(ssize_t size, int device, cudaStream_t /*stream*/) {
+  // A segment the caching allocator carves tensors from, one after another.
   return nccl_core::allocate(
-      static_cast<size_t>(size), static_cast<c10::DeviceIndex>(device));
+      static_cast<size_t>(size),
+      static_cast<c10::DeviceIndex>(device),
+      /*perTensor=*/false);
 }
 
 void nccl_core_pool_free(

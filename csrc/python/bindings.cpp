@@ -94,10 +94,10 @@ free of the segment drops it; ``None`` follows
 nothing measurable, docs/performance.md).
 ``window_upgrade``: an ``all_reduce`` or ``reduce_scatter_tensor`` that runs
 on the same buffers a third time, at sizes where NCCL's symmetric kernels
-were measured faster, makes them symmetric windows if every rank can (NCCL
-memory, or torch's expandable segments with ``register_caching_allocator``;
-all peers load/store reachable), deciding together in the group's store;
-for programs that pass the same buffers on every rank, as DDP and FSDP do.
+were measured faster, makes them symmetric windows if every rank can
+(tensors of ``torch_nccl_core.empty``; all peers load/store reachable),
+deciding together in the group's store, where that run waits for every
+rank; for programs that pass the same buffers to those ops on every rank.
 ``None`` follows ``TORCH_NCCL_CORE_WINDOW_UPGRADE`` (default off).
 ``cta_policy``: NCCL's CTA policy, ``'default'``, ``'efficiency'`` or
 ``'zero'`` (all_gather and all_to_all on copy engines, no SMs, where NCCL can:

@@ -115,11 +115,20 @@ void bindRoutes(py::module_& testing) {
       });
   testing.def(
       "record_allocation",
-      [](const at::Tensor& tensor) {
-        recordAllocation(tensor.data_ptr(), tensor.nbytes(), 0);
+      [](const at::Tensor& tensor, bool perTensor) {
+        recordAllocation(
+            tensor.data_ptr(),
+            tensor.nbytes(),
+            0,
+            MemoryKind::Nccl,
+            /*current=*/true,
+            perTensor);
       },
       py::arg("tensor"),
-      "Makes `tensor`'s memory count as NCCL memory of device 0.");
+      py::arg("per_tensor") = false,
+      "Makes `tensor`'s memory count as NCCL memory of device 0: a pool's "
+      "segment, or with `per_tensor` one tensor's own (as "
+      "torch_nccl_core.empty's).");
   testing.def(
       "note_segment_event",
       [](const std::string& event, const at::Tensor& tensor) {

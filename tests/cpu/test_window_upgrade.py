@@ -1,10 +1,10 @@
 """The lazy window upgrade (csrc/backend/routing/window_upgrade.h) against the scripted NCCL.
 
 When the ranks vote (the third run of an op shape, alike on every rank), what each rank votes
-(the same buffers again, memory NCCL can map, in no window yet), that windows are registered only
-where every rank voted the same, and what becomes of them: the op runs on NCCL's symmetric
-kernels, the memory's free closes them. The ranks' meeting is stood in for by `agree`, which
-gets this rank's vote and returns the tally.
+(the same buffers again, one tensor's own NCCL memory that NCCL can map, in no window yet), that
+windows are registered only where every rank voted the same, and what becomes of them: the op
+runs on NCCL's symmetric kernels, the memory's free closes them. The ranks' meeting is stood in
+for by `agree`, which gets this rank's vote and returns the tally.
 """
 
 from __future__ import annotations
@@ -41,20 +41,23 @@ class Votes:
 
 @pytest.fixture
 def memory():
-    made: list[torch.Tensor] = []
+    """CPU tensors of `nbytes` recorded as memory of `kind` until the test ends: "tensor", one
+    tensor's own NCCL memory (torch_nccl_core.empty); "pool", a segment of NCCL memory a pool
+    carves tensors from; "segment", a segment of torch's caching allocator."""
+    made: list[tuple[torch.Tensor, str]] = []
 
-    def make(nbytes: int, segment: bool = False) -> torch.Tensor:
+    def make(nbytes: int, kind: str = "tensor") -> torch.Tensor:
         tensor = torch.empty(nbytes // 4, dtype=torch.float32)
-        if segment:
+        if kind == "segment":
             testing.note_segment_event("alloc", tensor)
         else:
-            testing.record_allocation(tensor)
-        made.append((tensor, segment))
+            testing.record_allocation(tensor, per_tensor=kind == "tensor")
+        made.append((tensor, kind))
         return tensor
 
     yield make
-    for tensor, segment in made:
-        if segment:
+    for tensor, kind in made:
+        if kind == "segment":
             testing.note_segment_event("free", tensor)
         else:
             testing.forget_allocation(tensor)
@@ -110,14 +113,18 @@ def test_apart_buffers_get_two_windows_and_the_vote_says_so(fake, group, memory)
     assert comm.find_window(output) is not None and comm.find_window(input) is not None
 
 
-def test_an_output_inside_its_input_gets_one_window(fake, group, memory):
-    comm, routes = group
-    input = memory(8 * MiB)
-    output = input[: input.numel() // 2]
+@pytest.mark.parametrize("where", ["inside", "across"])
+def test_overlapping_buffers_vote_no(fake, group, memory, where):
+    """An output inside its input (an in-place reduce_scatter_tensor: this rank's chunk, at
+    another offset on each rank) or across its end gets no window."""
+    _, routes = group
+    whole = memory(16 * MiB)
+    quarter = whole.numel() // 4
+    input = whole[: 2 * quarter]
+    output = input[quarter:] if where == "inside" else whole[quarter : 3 * quarter]
     votes = Votes()
     runs(routes, "reduce_scatter", output, input, votes)
-    assert votes.mine == [1] and fake.calls("ncclCommWindowRegister") == 1
-    assert comm.find_window(input).size == input.nbytes
+    assert votes.mine == [0] and fake.calls("ncclCommWindowRegister") == 0
 
 
 @pytest.mark.parametrize("peers", [0, SIZE + 1, 2 * SIZE])
@@ -163,26 +170,28 @@ def test_memory_in_a_window_already_votes_no(fake, group, memory):
     assert votes.mine == [0] and fake.calls("ncclCommWindowRegister") == 1
 
 
-def test_ordinary_memory_votes_no_unless_the_group_tracks_segments(fake, memory):
+@pytest.mark.parametrize("tracked", [False, True])
+def test_memory_other_tensors_get_after_this_one_votes_no(fake, memory, tracked):
+    """A pool's segment and torch's segments hand a freed tensor's range to other tensors,
+    maybe differently on each rank: never upgraded, whether the group tracks torch's segments
+    or not. Memory in no table at all neither."""
     comm = testing.create_communicator(SIZE, 0, timedelta(seconds=5), False, "group 'g'")
-    untracked = testing.CommRoutes(comm, window_upgrade=True)
-    x = memory(4 * MiB, segment=True)
+    routes = testing.CommRoutes(comm, register_caching_allocator=tracked, window_upgrade=True)
     votes = Votes()
-    runs(untracked, "all_reduce", x, x, votes)
-    plain = torch.empty(2 * MiB)  # 8 MiB, in no table at all
-    runs(untracked, "all_reduce", plain, plain, votes)
-    assert votes.mine == [0, 0] and fake.calls("ncclCommWindowRegister") == 0
+    for x in (memory(4 * MiB, "pool"), memory(8 * MiB, "segment"), torch.empty(4 * MiB)):
+        runs(routes, "all_reduce", x, x, votes)
+    assert votes.mine == [0, 0, 0] and fake.calls("ncclCommWindowRegister") == 0
     testing.abort(comm)
 
-    comm = testing.create_communicator(SIZE, 0, timedelta(seconds=5), False, "group 'g'")
-    tracked = testing.CommRoutes(comm, register_caching_allocator=True, window_upgrade=True)
-    runs(tracked, "all_reduce", x, x, votes)
-    assert votes.mine == [0, 0, 1] and comm.find_window(x) is not None
-    # torch's free of the segment closes the window with the registrations.
-    testing.note_segment_event("free", x)
+
+def test_a_freed_tensor_takes_its_window_with_it(fake, group, memory):
+    comm, routes = group
+    x = memory(4 * MiB)
+    runs(routes, "all_reduce", x, x, Votes())
+    assert comm.find_window(x) is not None
+    testing.forget_allocation(x)  # as freeing the tensor's NCCL memory does
     assert comm.find_window(x) is None and fake.calls("ncclCommWindowDeregister") == 1
-    testing.note_segment_event("alloc", x)  # the fixture frees it once more
-    testing.abort(comm)
+    testing.record_allocation(x, per_tensor=True)  # the fixture frees it once more
 
 
 @pytest.mark.parametrize(
@@ -227,6 +236,28 @@ def test_groups_that_did_not_ask_never_vote(fake, memory):
     runs(routes, "all_reduce", x, x, votes)
     assert votes.mine == [] and fake.calls("ncclCommWindowRegister") == 0
     testing.abort(comm)
+
+
+def test_buffers_that_change_only_between_the_first_two_runs_vote_yes(fake, group, memory):
+    """The vote asks whether the run before used the same buffers (DDP rebuilds its buckets
+    after its first iteration)."""
+    comm, routes = group
+    first, kept = memory(4 * MiB), memory(4 * MiB)
+    votes = Votes()
+    for x in (first, kept, kept):
+        routes.route("all_reduce", [x], [x], agree=votes)
+    assert votes.mine == [1] and comm.find_window(kept) is not None
+    assert comm.find_window(first) is None
+
+
+def test_a_group_follows_at_most_64_op_shapes(fake, group, memory):
+    _, routes = group
+    x = memory(64 * MiB)
+    votes = Votes()
+    for shape in range(65):
+        view = x[: (2 * MiB) // 4 + shape]  # a shape of its own, in the 2-64 MiB band
+        runs(routes, "all_reduce", view, view, votes)
+    assert len(votes.mine) == 64
 
 
 def test_each_op_shape_votes_once_and_a_failed_vote_leaves_the_group_usable(fake, group, memory):

@@ -1,6 +1,7 @@
 """Options(window_upgrade=True): buffers an all_reduce or reduce_scatter_tensor runs on a third
 time, at sizes where NCCL's symmetric kernels were measured faster, become symmetric windows of
-the group where every rank can (csrc/backend/routing/window_upgrade.h).
+the group where every rank can: tensors of torch_nccl_core.empty, never memory that other tensors
+get after them (csrc/backend/routing/window_upgrade.h).
 
 Where the ranks are not load/store reachable (ranks sharing a GPU as nodes, other nodes) NCCL
 runs no symmetric kernels: nothing is upgraded, and results are the same.
@@ -8,7 +9,6 @@ runs no symmetric kernels: nothing is upgraded, and results are the same.
 
 from __future__ import annotations
 
-import gc
 from datetime import timedelta
 
 import pytest
@@ -67,14 +67,8 @@ def _same_on_every_rank(value: int, group) -> None:
     assert len(set(values)) == 1, values
 
 
-@pytest.mark.parametrize("allocator", ["empty", "mem_pool"])
-def test_nccl_memory_run_again_becomes_a_window_and_results_stay_right(rank, upgrading, allocator):
-    pool = torch_nccl_core.mem_pool()
-    if allocator == "empty":
-        x = torch_nccl_core.empty(NUMEL, dtype=torch.float32)
-    else:
-        with torch.cuda.use_mem_pool(pool):
-            x = torch.empty(NUMEL, dtype=torch.float32, device="cuda")
+def test_a_tensor_of_nccl_memory_run_again_becomes_a_window_and_results_stay_right(rank, upgrading):
+    x = torch_nccl_core.empty(NUMEL, dtype=torch.float32)
 
     def run_once():
         x.copy_(rank_tensor(NUMEL, torch.float32, rank))
@@ -95,10 +89,23 @@ def test_nccl_memory_run_again_becomes_a_window_and_results_stay_right(rank, upg
         assert stats["upgraded_windows"] == 0 and window is None
 
 
-def test_ordinary_cuda_malloc_memory_is_never_a_window(rank, upgrading):
-    """torch's cudaMalloc segments have no cuMem handle for NCCL to map: every rank votes no."""
-    x = torch.empty(NUMEL, dtype=torch.float32, device="cuda")
-    _all_reduce_runs(upgrading, lambda run: x, rank)
+@pytest.mark.parametrize("allocator", ["cuda_malloc", "mem_pool", "expandable_segments"])
+def test_memory_other_tensors_get_after_this_one_is_never_a_window(rank, upgrading, allocator):
+    """A pool's segments and torch's hand a freed tensor's range to other tensors, maybe
+    differently on each rank: every rank votes no, and results stay right."""
+    pool = torch_nccl_core.mem_pool()
+    torch.cuda.empty_cache()  # a fresh segment of the allocator under test
+    if allocator == "expandable_segments":
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    try:
+        if allocator == "mem_pool":
+            with torch.cuda.use_mem_pool(pool):
+                x = torch.empty(NUMEL, dtype=torch.float32, device="cuda")
+        else:
+            x = torch.empty(NUMEL, dtype=torch.float32, device="cuda")
+        _all_reduce_runs(upgrading, lambda run: x, rank)
+    finally:
+        torch.cuda.memory._set_allocator_settings("expandable_segments:False")
     assert torch_nccl_core.registration_stats(upgrading)["upgraded_windows"] == 0
     assert torch_nccl_core.communicator(upgrading).find_window(x) is None
 
@@ -126,22 +133,3 @@ def test_reduce_scatter_buffers_become_windows_and_results_stay_right(rank, worl
     stats = torch_nccl_core.registration_stats(upgrading)
     _same_on_every_rank(stats["upgraded_windows"], upgrading)
     assert stats["upgraded_windows"] == (2 if _upgrades(upgrading) else 0)
-
-
-def test_expandable_segments_upgrade_alike_on_every_rank(rank, upgrading):
-    """torch maps an expandable segment page by page, each its own cuMem allocation: a buffer
-    inside one page can be a window, one across two cannot (NCCL 2.28 maps one allocation).
-    Whatever each rank's memory allows, the ranks decide together and results stay right."""
-    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
-    try:
-        x = torch.empty(NUMEL, dtype=torch.float32, device="cuda")
-        _all_reduce_runs(upgrading, lambda run: x, rank)
-        upgraded = torch_nccl_core.registration_stats(upgrading)["upgraded_windows"]
-        _same_on_every_rank(upgraded, upgrading)
-        if not _upgrades(upgrading):
-            assert upgraded == 0
-        print(f"expandable segments: {upgraded} window(s) upgraded")
-    finally:
-        torch.cuda.memory._set_allocator_settings("expandable_segments:False")
-        gc.collect()
-        torch.cuda.empty_cache()

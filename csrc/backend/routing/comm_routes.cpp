@@ -67,9 +67,7 @@ CommRoutes::CommRoutes(
       autoRegister_(autoRegister),
       engines_(std::move(engines)),
       upgrade_(
-          autoRegister.windowUpgrade ? std::make_unique<WindowUpgrade>(
-                                           *comm_,
-                                           autoRegister.cachingAllocator)
+          autoRegister.windowUpgrade ? std::make_unique<WindowUpgrade>(*comm_)
                                      : nullptr) {}
 
 bool CommRoutes::hasStaging() const {
@@ -119,12 +117,7 @@ Route CommRoutes::route(const RouteQuery& query) {
   }
   if (upgrade_ && query.agree && query.routable && !query.coalescing &&
       !query.capturing && symmetricKernelsSetting() == SymmetricKernels::Auto) {
-    upgrade_->consider(
-        query.type,
-        query.outputs,
-        query.inputs,
-        largestTensorBytes(query),
-        *query.agree);
+    upgrade_->consider(query.type, query.outputs, query.inputs, *query.agree);
   }
   // Most groups have no symmetric window, hence no twin: one atomic load.
   const bool mayMove = query.routable && !query.coalescing &&

@@ -7,21 +7,12 @@
 
 namespace nccl_core {
 
-namespace {
-
-bool contains(uintptr_t base, size_t size, uintptr_t ptr, size_t bytes) {
-  return ptr >= base && ptr + bytes <= base + size;
-}
-
-} // namespace
-
-WindowUpgrade::WindowUpgrade(Communicator& comm, bool trackedSegments)
-    : comm_(comm), trackedSegments_(trackedSegments) {}
+WindowUpgrade::WindowUpgrade(Communicator& comm) : comm_(comm) {}
 
 bool WindowUpgrade::qualifies(const Buffer& buffer) const {
   const auto allocation = findAllocation(buffer.ptr, buffer.bytes);
   return allocation && allocation->device == comm_.device() &&
-         (allocation->kind == MemoryKind::Nccl || trackedSegments_) &&
+         allocation->perTensor &&
          !comm_.overlapsWindow(buffer.ptr, buffer.bytes) &&
          comm_.api().windowable(buffer.ptr, buffer.bytes);
 }
@@ -30,12 +21,10 @@ void WindowUpgrade::consider(
     c10d::OpType type,
     const std::vector<at::Tensor>& outputs,
     const std::vector<at::Tensor>& inputs,
-    size_t bytes,
     const AgreeFn& agree) {
   if ((type != c10d::OpType::ALLREDUCE &&
        type != c10d::OpType::_REDUCE_SCATTER_BASE) ||
-      outputs.size() != 1 || inputs.size() > 1 ||
-      !symmetricKernelsWin(type, bytes)) {
+      outputs.size() != 1 || inputs.size() > 1) {
     return;
   }
   const Buffer output{outputs[0].data_ptr(), outputs[0].nbytes()};
@@ -43,28 +32,20 @@ void WindowUpgrade::consider(
   const Buffer input = inputs.empty()
                            ? output
                            : Buffer{inputs[0].data_ptr(), inputs[0].nbytes()};
-  // One window where one buffer holds the other (in place), two where they
-  // are apart; buffers that overlap otherwise get none.
-  const auto in = [](const Buffer& outer, const Buffer& inner) {
-    return contains(
-        reinterpret_cast<uintptr_t>(outer.ptr),
-        outer.bytes,
-        reinterpret_cast<uintptr_t>(inner.ptr),
-        inner.bytes);
-  };
-  const auto address = [](const Buffer& b) {
+  if (!symmetricKernelsWin(type, std::max(output.bytes, input.bytes))) {
+    return;
+  }
+  // One window for one buffer, two for buffers apart; buffers that overlap
+  // otherwise get none (an output inside its input would sit at another
+  // offset on each rank).
+  const auto start = [](const Buffer& b) {
     return reinterpret_cast<uintptr_t>(b.ptr);
   };
-  Buffers buffers;
-  bool apart = true;
-  if (in(input, output)) {
-    buffers.push_back(input);
-  } else if (in(output, input)) {
-    buffers.push_back(output);
-  } else {
-    apart = address(output) + output.bytes <= address(input) ||
-            address(input) + input.bytes <= address(output);
-    buffers.push_back(output);
+  const bool same = output == input;
+  const bool apart = start(output) + output.bytes <= start(input) ||
+                     start(input) + input.bytes <= start(output);
+  Buffers buffers{output};
+  if (!same) {
     buffers.push_back(input);
   }
 
@@ -93,7 +74,7 @@ void WindowUpgrade::consider(
   // that the tally says whether every rank votes the same: 1 for one
   // window, size + 1 for two (no mix of ranks sums to size * (size + 1)).
   const bool mine =
-      repeated && apart &&
+      repeated && (same || apart) &&
       std::all_of(buffers.begin(), buffers.end(), [&](const Buffer& b) {
         return qualifies(b);
       });

@@ -9,8 +9,11 @@
 // alike (the op, its sizes, how often the group ran that op shape), and at it
 // the ranks vote (a meeting in the group's store, once per op shape): the
 // buffers become windows on every rank or on none. A window starts at the
-// buffer and has its size (offset 0 everywhere) and lives until the memory
-// is freed, like one from register_window.
+// buffer and has its size (offset 0 everywhere). Only memory that is one
+// tensor's own (torch_nccl_core.empty) is upgraded: the window goes with the
+// tensor. A pool's or torch's segments hand a freed tensor's range to other
+// tensors, possibly differently on each rank, whose ops would then find a
+// window on one rank and none on another.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -32,20 +35,17 @@ using AgreeFn = std::function<int64_t(int64_t vote)>;
 
 class WindowUpgrade {
  public:
-  // `trackedSegments`: torch's caching-allocator segments are in the
-  // allocation table for this group (their free closes the window).
-  WindowUpgrade(Communicator& comm, bool trackedSegments);
+  explicit WindowUpgrade(Communicator& comm);
 
-  // An op of `type` on `outputs` / `inputs` (none: in place; the largest
-  // `bytes`), not
-  // coalesced or captured, that NCCL may give symmetric kernels. On the run
-  // of its shape that triggers the vote, asks `agree` and registers the
-  // windows the ranks agreed on. Collective at that run.
+  // An op of `type` on `outputs` / `inputs` (none: in place), not coalesced
+  // or captured, that NCCL may give symmetric kernels. On the run of its
+  // shape that triggers the vote, asks `agree` and registers the windows the
+  // ranks agreed on: collective at that run, and it waits on the host for
+  // every rank's vote, as NCCL's window registration waits for every rank.
   void consider(
       c10d::OpType type,
       const std::vector<at::Tensor>& outputs,
       const std::vector<at::Tensor>& inputs,
-      size_t bytes,
       const AgreeFn& agree);
 
   // Windows it registered, and their bytes (closed ones included).
@@ -74,18 +74,17 @@ class WindowUpgrade {
   struct Shape {
     c10d::OpType type;
     size_t outputBytes;
-    size_t inputBytes; // 0 in place
+    size_t inputBytes; // the output's, in place
     int runs = 0;
     Buffers last; // this rank's buffers at its last run
   };
 
-  // Whether NCCL can map `buffer` into a window of this group now: memory
-  // the allocation table tracks (its free closes the window), in no window
-  // yet, in one cuMem allocation at an aligned offset.
+  // Whether NCCL can map `buffer` into a window of this group now: one
+  // tensor's own NCCL memory (its free closes the window), in no window yet,
+  // in one cuMem allocation at an aligned offset.
   bool qualifies(const Buffer& buffer) const;
 
   Communicator& comm_;
-  const bool trackedSegments_;
   // Held through a vote and its registrations: they are collective, so one
   // at a time on this rank.
   std::mutex mutex_;

@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <string_view>
 #include <utility>
 
 #include "backend/runtime/torch_op_names.h"

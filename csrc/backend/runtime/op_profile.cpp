@@ -2,10 +2,10 @@
 
 #include <torch/csrc/distributed/c10d/ParamCommsUtils.hpp>
 
-#include "backend/runtime/torch_op_names.h"
-
 #include <string_view>
 #include <tuple>
+
+#include "backend/runtime/torch_op_names.h"
 
 namespace nccl_core {
 
