@@ -553,9 +553,8 @@ bool NcclCoreBackend::finalizeMeeting() noexcept {
     const int64_t size = getSize();
     const bool finalizable = !failure_->failed() && comm_->finalizable() &&
                              (!twin || twin->finalizable());
-    const int64_t votes = meetEveryRank(
-        storeKey("finalize"), finalizable ? (twin ? size + 1 : 1) : 0);
-    if (votes != (twin ? size * (size + 1) : size)) {
+    const int64_t vote = twoWayVote(finalizable, twin != nullptr, size);
+    if (!unanimous(meetEveryRank(storeKey("finalize"), vote), vote, size)) {
       LOG(INFO) << "[nccl_core] group '" << *groupName_
                 << "' is aborted, not finalized: not every rank can finalize "
                    "it (a CUDA graph that captured its work alive)";

@@ -78,6 +78,12 @@ void release(Pending& entry) {
 // Records an event on each of `entry`'s unrecorded streams that does not
 // capture; false if CUDA cannot (interpreter exit): nothing runs any more.
 bool recordOnStreams(Pending& entry) {
+  if (entry.unrecorded.empty()) {
+    return true;
+  }
+  // On the memory's device: a default stream's handle names the current
+  // device's.
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(entry.device));
   auto still = entry.unrecorded.begin();
   for (cudaStream_t stream : entry.unrecorded) {
     if (capturing(stream)) {
@@ -184,9 +190,6 @@ void freeFinished(bool wait) noexcept {
   std::vector<Pending> ready;
   std::vector<Pending> kept;
   for (Pending& entry : entries) {
-    // A default stream's handle names the current device's.
-    const c10::cuda::CUDAGuard guard(
-        static_cast<c10::DeviceIndex>(entry.device));
     const bool recorded = recordOnStreams(entry);
     if (wait && recorded && entry.unrecorded.empty()) {
       for (cudaEvent_t event : entry.events) {

@@ -117,7 +117,12 @@ Route CommRoutes::route(const RouteQuery& query) {
   }
   if (upgrade_ && query.agree && query.routable && !query.coalescing &&
       !query.capturing && symmetricKernelsSetting() == SymmetricKernels::Auto) {
-    upgrade_->consider(query.type, query.outputs, query.inputs, *query.agree);
+    upgrade_->consider(
+        query.type,
+        largestTensorBytes(query),
+        query.outputs,
+        query.inputs,
+        *query.agree);
   }
   // Most groups have no symmetric window, hence no twin: one atomic load.
   const bool mayMove = query.routable && !query.coalescing &&

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "backend/routing/policy.h"
+#include "backend/runtime/rendezvous.h"
 #include "nccl/allocations.h"
 
 namespace nccl_core {
@@ -19,6 +20,7 @@ bool WindowUpgrade::qualifies(const Buffer& buffer) const {
 
 void WindowUpgrade::consider(
     c10d::OpType type,
+    size_t bytes,
     const std::vector<at::Tensor>& outputs,
     const std::vector<at::Tensor>& inputs,
     const AgreeFn& agree) {
@@ -32,7 +34,7 @@ void WindowUpgrade::consider(
   const Buffer input = inputs.empty()
                            ? output
                            : Buffer{inputs[0].data_ptr(), inputs[0].nbytes()};
-  if (!symmetricKernelsWin(type, std::max(output.bytes, input.bytes))) {
+  if (!symmetricKernelsWin(type, bytes)) {
     return;
   }
   // One window for one buffer, two for buffers apart; buffers that overlap
@@ -70,17 +72,14 @@ void WindowUpgrade::consider(
   if (++shape->runs < kVoteAtRun) {
     return;
   }
-  // Every rank votes the number of windows it would register, encoded so
-  // that the tally says whether every rank votes the same: 1 for one
-  // window, size + 1 for two (no mix of ranks sums to size * (size + 1)).
+  // Every rank votes the number of windows it would register: one, or two.
   const bool mine =
       repeated && (same || apart) &&
       std::all_of(buffers.begin(), buffers.end(), [&](const Buffer& b) {
         return qualifies(b);
       });
-  const int64_t size = comm_.size();
-  const int64_t vote = !mine ? 0 : buffers.size() == 1 ? 1 : size + 1;
-  if (agree(vote) != vote * size || vote == 0) {
+  const int64_t vote = twoWayVote(mine, buffers.size() == 2, comm_.size());
+  if (!unanimous(agree(vote), vote, comm_.size())) {
     return;
   }
   for (const Buffer& buffer : buffers) {

@@ -38,12 +38,14 @@ class WindowUpgrade {
   explicit WindowUpgrade(Communicator& comm);
 
   // An op of `type` on `outputs` / `inputs` (none: in place), not coalesced
-  // or captured, that NCCL may give symmetric kernels. On the run of its
+  // or captured, that NCCL may give symmetric kernels, sized `bytes` as
+  // routing sizes it (its largest tensor). On the run of its
   // shape that triggers the vote, asks `agree` and registers the windows the
   // ranks agreed on: collective at that run, and it waits on the host for
   // every rank's vote, as NCCL's window registration waits for every rank.
   void consider(
       c10d::OpType type,
+      size_t bytes,
       const std::vector<at::Tensor>& outputs,
       const std::vector<at::Tensor>& inputs,
       const AgreeFn& agree);

@@ -110,8 +110,7 @@ std::optional<size_t> FlightRecorder::record(
   entry.seq = op.seq;
   entry.sync = op.sync;
   entry.p2p = p2p;
-  entry.profilingName =
-      c10::str("nccl:", torchOpName(op.name, op.rank, op.peer));
+  entry.profilingName = torchOpName("nccl:", op.name, op.rank, op.peer);
   entry.createdNs = nowNs();
   entry.timeoutMs = op.timeout.count();
   noteTensors(inputs, entry.inputSizes, entry.inputDtypes);

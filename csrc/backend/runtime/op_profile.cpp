@@ -62,7 +62,7 @@ OpProfile::OpProfile(
       0,
       1,
       size);
-  title_ = c10::str("nccl_core:", torchOpName(info.name, rank, peer));
+  title_ = torchOpName("nccl_core:", info.name, rank, peer);
   // c10d::Work's ranges are async events (ProcessGroupNCCL's end as soon as
   // the op is enqueued, through its already complete future).
   range_._setAsync();

@@ -39,6 +39,17 @@ struct Meeting {
 int64_t
 meet(const Meeting& at, int rank, const std::vector<int>& ranks, int64_t count);
 
+// A rank's count at a meeting of `size` ranks that choose between two ways,
+// or neither, and must all choose alike: 0 for neither, 1 for the first way,
+// size + 1 for the second. No mix of counts sums to `vote` * size but every
+// rank voting `vote` (`unanimous`).
+inline int64_t twoWayVote(bool can, bool second, int64_t size) {
+  return !can ? 0 : second ? size + 1 : 1;
+}
+inline bool unanimous(int64_t tally, int64_t vote, int64_t size) {
+  return vote != 0 && tally == vote * size;
+}
+
 // Records the meeting under `prefix` given up, unless it was decided already:
 // the ranks waiting in it, and those that come later, get DistBackendError.
 void giveUpMeeting(c10d::Store& store, const std::string& prefix);

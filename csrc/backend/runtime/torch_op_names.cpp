@@ -6,7 +6,11 @@
 
 namespace nccl_core {
 
-std::string torchOpName(std::string_view name, int rank, int peer) {
+std::string torchOpName(
+    std::string_view prefix,
+    std::string_view name,
+    int rank,
+    int peer) {
   static const std::map<std::string_view, const char*> kNames = {
       {"allreduce", "all_reduce"},
       {"allreduce_coalesced", "allreduce_coalesced"},
@@ -26,13 +30,14 @@ std::string torchOpName(std::string_view name, int rank, int peer) {
       {"barrier", "barrier"},
   };
   if (name == "send") {
-    return c10::str("send ", rank, "->", peer);
+    return c10::str(prefix, "send ", rank, "->", peer);
   }
   if (name == "recv") {
-    return c10::str("recv ", rank, "<-", peer);
+    return c10::str(prefix, "recv ", rank, "<-", peer);
   }
   const auto known = kNames.find(name);
-  return known != kNames.end() ? std::string(known->second) : std::string(name);
+  return known != kNames.end() ? c10::str(prefix, known->second)
+                               : c10::str(prefix, name);
 }
 
 } // namespace nccl_core

@@ -9,8 +9,10 @@
 
 namespace nccl_core {
 
-// torch's name of the op nccl_core calls `name` ("allreduce" -> "all_reduce";
-// a send or recv names `rank` and `peer`: "send 0->1", "recv 1<-0").
-std::string torchOpName(std::string_view name, int rank, int peer);
+// `prefix` and torch's name of the op nccl_core calls `name` ("allreduce" ->
+// "all_reduce"; a send or recv names `rank` and `peer`: "send 0->1",
+// "recv 1<-0").
+std::string
+torchOpName(std::string_view prefix, std::string_view name, int rank, int peer);
 
 } // namespace nccl_core
