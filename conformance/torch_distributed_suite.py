@@ -15,12 +15,13 @@ the GPU count; and the suite's GPU-count checks (its _run and skip_if_lt_x_gpu) 
 rank. Tests that name a device by rank themselves (cuda:1 on one GPU) fail on both backends: the
 comparison lists them apart.
 
-Each test process freezes the objects it imported (gc.freeze) before its test, alike for both
-backends. Without that, Python's full garbage collection scans the ~310k objects that torch and
-the suite import, a ~200 ms pause, and strikes wherever an allocation count happens to fall; a few
-hundred more imported objects move it. Tests whose ranks race by milliseconds then pass or fail by
-where it strikes rather than by the backend (test_post_localSGD_optimizer_step_reload: rank 0
-deletes the checkpoint 4 ms after the barrier that rank 1 loads it after; docs/compatibility.md).
+Each test process freezes every object it holds (gc.freeze) before its test, alike for both
+backends. Without that, Python's full garbage collection scans the ~313k objects that torch and
+the suite import, a ~200 ms pause, and strikes wherever allocation counts happen to fall, which
+a few hundred more imported objects move. Tests whose ranks race by milliseconds then pass or
+fail by where it strikes rather than by the backend: in test_post_localSGD_optimizer_step_reload
+rank 0 deletes a checkpoint a few ms after a barrier, and rank 1 loads it after the same barrier
+(docs/compatibility.md). Frozen, a full collection scans only what the test made.
 """
 
 from __future__ import annotations
