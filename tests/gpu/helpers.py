@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import re
 import shutil
 import signal
@@ -385,6 +386,25 @@ def _child_world_env(rank: int, world: int, port: int) -> dict[str, str]:
     return env
 
 
+def _unused_port() -> int:
+    """A loopback port free now and below the OS's ephemeral range, for a store that listens on
+    it a moment later. A port the OS handed out (bind to 0) was taken in between, EADDRINUSE, by
+    some socket of the worlds running beside this one: ports of the ephemeral range go to every
+    socket bound to 0 (NCCL's listeners, each TCP client's own end); ports below it go only to
+    sockets that name them."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+        ephemeral = int(ports.read().split()[0])
+    below = range(1024, ephemeral)  # above the ports only root may bind
+    for port in random.sample(below, min(100, len(below))):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in {below} below the ephemeral range")
+
+
 def run_child_world(
     rank: int,
     script: os.PathLike,
@@ -404,9 +424,7 @@ def run_child_world(
     once every child has ended (so no rank runs ahead into the next test's collectives)."""
     port = torch.zeros(1, dtype=torch.int64, device="cuda")
     if rank == 0:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port.fill_(probe.getsockname()[1])
+        port.fill_(_unused_port())
     dist.broadcast(port, src=0)
     child = None
     if rank < world:

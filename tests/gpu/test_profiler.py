@@ -1,26 +1,29 @@
 """torch.profiler sees nccl_core's ops as it sees the built-in backend's: a `nccl_core:<op>` range
 with the op's input shapes around its launch, torch's `record_param_comms` event with the op's
-sequence number and sizes, and the op's NCCL kernel on the CUDA timeline."""
+sequence number and sizes, and the op's NCCL kernel on the CUDA timeline; in a DDP step too."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.autograd import DeviceType
+from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import ProfilerActivity, profile
 
 from .helpers import ASYNC_MODES, complete, ring_peers
+from .training import batches, model
 
 NUMEL = 1024
+ACTIVITIES = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
 
 
 def _profiled(rank: int, async_op: bool):
     tensor = torch.ones(NUMEL, device="cuda")
     received = torch.empty(NUMEL, device="cuda")
     after, before = ring_peers(rank)
-    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
-    with profile(activities=activities, record_shapes=True) as prof:
+    with profile(activities=ACTIVITIES, record_shapes=True) as prof:
         complete(dist.all_reduce(tensor, async_op=async_op), async_op)
         complete(dist.broadcast(tensor, src=0, async_op=async_op), async_op)
         exchange = [dist.P2POp(dist.isend, tensor, after), dist.P2POp(dist.irecv, received, before)]
@@ -57,3 +60,23 @@ def test_ops_appear_in_the_profiler_with_shapes_and_kernels(rank, async_op):
         if event.device_type == DeviceType.CUDA and "nccl" in event.name.lower()
     ]
     assert kernels, "no NCCL kernel on the CUDA timeline"
+
+
+def test_a_ddp_step_shows_its_gradient_all_reduce_on_both_timelines(rank, device):
+    """A profiled DDP step, as a user takes one: each gradient bucket's all_reduce is a
+    `nccl_core:all_reduce` range with the bucket's size on the CPU timeline, and the range is on
+    the CUDA timeline too (kineto's annotation of a user-scope range around the GPU work)."""
+    ddp = DistributedDataParallel(model(), device_ids=[device.index])
+    (warm_inputs, warm_targets), (inputs, targets) = batches(rank, 2)
+    F.mse_loss(ddp(warm_inputs), warm_targets).backward()  # DDP rebuilds its buckets after it
+    torch.cuda.synchronize()
+    with profile(activities=ACTIVITIES, record_shapes=True) as prof:
+        F.mse_loss(ddp(inputs), targets).backward()
+        torch.cuda.synchronize()
+    ranges = [event for event in prof.events() if event.name == "nccl_core:all_reduce"]
+    on_cpu = [event for event in ranges if event.device_type == DeviceType.CPU]
+    on_cuda = [event for event in ranges if event.device_type == DeviceType.CUDA]
+    assert on_cpu and all(event.input_shapes for event in on_cpu), on_cpu
+    buckets = [event.input_shapes[0] for event in on_cpu]
+    assert sum(shape[0] for shape in buckets) == sum(p.numel() for p in ddp.parameters()), buckets
+    assert on_cuda, sorted({(event.name, str(event.device_type)) for event in prof.events()})
