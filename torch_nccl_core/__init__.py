@@ -9,7 +9,7 @@ Importing this package registers the backend::
 import torch
 import torch.distributed  # noqa: F401  (the C++ backend derives from its classes)
 
-from . import _C, interop
+from . import _C, interop, ops
 from ._registration import BACKEND_NAME, register
 from ._version import __version__
 from .buffer_registration import deregister_mem_pool, register_mem_pool, registration_stats
@@ -90,6 +90,7 @@ __all__ = [
     "memory_stats",
     "nccl_version",
     "one_sided_engine",
+    "ops",
     "register_mem_pool",
     "registration_stats",
     "resolve_tensor",

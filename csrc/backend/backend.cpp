@@ -99,8 +99,15 @@ NcclCoreBackend::~NcclCoreBackend() {
 
 Communicator& NcclCoreBackend::communicator(at::Device device) {
   failure_->raiseIfFailed();
-  if (C10_UNLIKELY(!comm_)) {
-    initCommunicator(device);
+  if (C10_UNLIKELY(!commReady_.load(std::memory_order_acquire))) {
+    // First use, perhaps on several threads at once: one makes the
+    // communicator (collectively), the others wait for it, as
+    // ProcessGroupNCCL's getNCCLComm does under its mutex.
+    const std::lock_guard<std::mutex> lock(firstUseMutex_);
+    if (!comm_) {
+      failure_->raiseIfFailed(); // the first use that failed failed the group
+      initCommunicator(device);
+    }
   }
   return *comm_;
 }
@@ -120,13 +127,7 @@ c10::DeviceIndex NcclCoreBackend::deviceForOp(
     const at::Tensor& tensor,
     const char* op,
     const char* what) {
-  NCCL_CORE_CHECK_ARG(
-      tensor.defined() && tensor.is_cuda(),
-      op,
-      what,
-      " must be a CUDA tensor, got ",
-      tensor.defined() ? c10::str("one on ", tensor.device())
-                       : std::string("an undefined tensor"));
+  checkCuda(tensor, op, what);
   const c10::DeviceIndex device =
       static_cast<c10::DeviceIndex>(communicator(tensor.device()).device());
   checkTensor(tensor, device, op, what);
@@ -238,6 +239,7 @@ void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
           traceGroup_},
       timeout_.load());
   oneSidedLink_ = std::make_unique<OneSidedLink>(*comm_, *this);
+  commReady_.store(true, std::memory_order_release);
 }
 
 void NcclCoreBackend::refuseInsideCoalescing(const char* op) {
@@ -289,7 +291,7 @@ at::Device NcclCoreBackend::deviceForOpWithoutTensors(
     return at::Device(
         at::kCUDA, static_cast<c10::DeviceIndex>(deviceIds.front()));
   }
-  if (comm_) {
+  if (commReady_.load(std::memory_order_acquire)) {
     return at::Device(
         at::kCUDA, static_cast<c10::DeviceIndex>(comm_->device()));
   }

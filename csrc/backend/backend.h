@@ -580,6 +580,9 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   const std::shared_ptr<EphemeralTimeouts> ephemeral_ =
       std::make_shared<EphemeralTimeouts>();
   std::shared_ptr<Communicator> comm_;
+  // comm_ is set up; until then threads meet under firstUseMutex_ to make it.
+  std::atomic<bool> commReady_{false};
+  std::mutex firstUseMutex_;
   // A communicator still initializing, for abort() from another thread; and
   // the guard of it and of watchdog_ between the two.
   std::mutex initMutex_;

@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 #include <shared_mutex>
+#include <unordered_map>
 #include <vector>
 
 namespace nccl_core {
@@ -21,6 +22,8 @@ struct Table {
   std::atomic<size_t> count{0};
   // The entries of each kind, for groups that look for one kind only.
   std::atomic<size_t> byKind[2] = {0, 0};
+  // The streams noteWindowUse saw, by allocation id.
+  std::unordered_map<uint64_t, std::vector<cudaStream_t>> windowUsers;
 };
 
 std::atomic<size_t>& countOf(Table& t, MemoryKind kind) {
@@ -81,6 +84,7 @@ Forgotten takeWhere(Table& t, uintptr_t from, uintptr_t to, Pick pick) {
   while (it != t.byBase.end() && it->first < to) {
     const Allocation& a = it->second;
     if (a.base + a.size > from && pick(a)) {
+      t.windowUsers.erase(a.id);
       forgotten.gone.push_back(a);
       countOf(t, a.kind).fetch_sub(1, std::memory_order_release);
       it = t.byBase.erase(it);
@@ -93,6 +97,16 @@ Forgotten takeWhere(Table& t, uintptr_t from, uintptr_t to, Pick pick) {
     forgotten.observers = liveObservers(t);
   }
   return forgotten;
+}
+
+// The entry holding `address`; needs the lock.
+Allocation* covering(Table& t, uintptr_t address) {
+  auto it = t.byBase.upper_bound(address);
+  if (it == t.byBase.begin()) {
+    return nullptr;
+  }
+  --it;
+  return address < it->second.base + it->second.size ? &it->second : nullptr;
 }
 
 template <typename Pick>
@@ -167,34 +181,60 @@ std::optional<Allocation> findAllocation(const void* ptr, size_t bytes) {
   }
   const auto address = reinterpret_cast<uintptr_t>(ptr);
   std::shared_lock<std::shared_mutex> lock(t.mutex);
-  auto it = t.byBase.upper_bound(address);
-  if (it == t.byBase.begin()) {
+  const Allocation* a = covering(t, address);
+  if (a == nullptr || address + bytes > a->base + a->size) {
     return std::nullopt;
   }
-  --it;
-  const Allocation& a = it->second;
-  if (address + bytes > a.base + a.size) {
-    return std::nullopt;
-  }
-  return a;
+  return *a;
 }
 
-void markWindowed(const void* ptr) {
+void markDeviceWide(const void* ptr) {
   Table& t = table();
-  const auto address = reinterpret_cast<uintptr_t>(ptr);
   std::lock_guard<std::shared_mutex> lock(t.mutex);
-  auto it = t.byBase.upper_bound(address);
-  if (it != t.byBase.begin() &&
-      address < (--it)->second.base + it->second.size) {
-    it->second.windowed = true;
+  if (Allocation* a = covering(t, reinterpret_cast<uintptr_t>(ptr))) {
+    a->deviceWide = true;
   }
 }
 
-bool windowed(const void* ptr) {
+bool deviceWide(const void* ptr) {
   Table& t = table();
   std::shared_lock<std::shared_mutex> lock(t.mutex);
   auto it = t.byBase.find(reinterpret_cast<uintptr_t>(ptr));
-  return it != t.byBase.end() && it->second.windowed;
+  return it != t.byBase.end() && it->second.deviceWide;
+}
+
+void noteWindowUse(const void* ptr, cudaStream_t stream) {
+  Table& t = table();
+  const auto address = reinterpret_cast<uintptr_t>(ptr);
+  const auto known = [&](uint64_t id) {
+    const auto found = t.windowUsers.find(id);
+    return found != t.windowUsers.end() &&
+           std::find(found->second.begin(), found->second.end(), stream) !=
+               found->second.end();
+  };
+  {
+    std::shared_lock<std::shared_mutex> lock(t.mutex);
+    const Allocation* a = covering(t, address);
+    if (a == nullptr || known(a->id)) {
+      return;
+    }
+  }
+  std::lock_guard<std::shared_mutex> lock(t.mutex);
+  if (const Allocation* a = covering(t, address); a && !known(a->id)) {
+    t.windowUsers[a->id].push_back(stream);
+  }
+}
+
+std::vector<cudaStream_t> windowUsers(const void* ptr) {
+  Table& t = table();
+  std::shared_lock<std::shared_mutex> lock(t.mutex);
+  const auto it = t.byBase.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == t.byBase.end()) {
+    return {};
+  }
+  const auto users = t.windowUsers.find(it->second.id);
+  return users != t.windowUsers.end() ? users->second
+                                      : std::vector<cudaStream_t>{};
 }
 
 void addAllocationObserver(std::weak_ptr<AllocationObserver> observer) {

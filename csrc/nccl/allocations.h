@@ -5,10 +5,13 @@
 // dropped before the allocation is freed.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
 namespace nccl_core {
 
@@ -25,10 +28,9 @@ struct Allocation {
   uint64_t id;
   int device;
   MemoryKind kind = MemoryKind::Nccl;
-  // A window was registered over it: peers map it and kernels on any stream
-  // may use it, and freeing it closes windows, collectively (so the free
-  // waits for the device rather than for a later, unordered moment).
-  bool windowed = false;
+  // This package's own kernels on any stream use it (signal counters,
+  // staging): its free waits for the device (markDeviceWide).
+  bool deviceWide = false;
   // One tensor's own (torch_nccl_core.empty): freed with that tensor, its
   // range never handed to another one.
   bool perTensor = false;
@@ -69,12 +71,21 @@ size_t allocationCount(MemoryKind kind);
 // The allocation holding [ptr, ptr + bytes), if that range is NCCL memory.
 std::optional<Allocation> findAllocation(const void* ptr, size_t bytes);
 
-// Notes that a window covers the allocation holding `ptr`, if it is NCCL
-// memory.
-void markWindowed(const void* ptr);
+// Notes that this package's kernels on any stream use the allocation holding
+// `ptr` (memory of its own that peers map), if it is NCCL memory.
+void markDeviceWide(const void* ptr);
 
-// Whether a window was ever registered over the allocation at `ptr`.
-bool windowed(const void* ptr);
+// Whether the allocation at `ptr` was marked device-wide.
+bool deviceWide(const void* ptr);
+
+// Notes that an op on `stream` reached peers through a window over the
+// allocation holding `ptr` (a put through this rank's mapping of their
+// parts): freeing the allocation releases the window, which unmaps them, so
+// the free waits for `stream` too. Cheap once the stream is known.
+void noteWindowUse(const void* ptr, cudaStream_t stream);
+
+// The streams noted for the allocation at `ptr`.
+std::vector<cudaStream_t> windowUsers(const void* ptr);
 
 // Observers are held weakly: one that is destroyed simply stops hearing.
 void addAllocationObserver(std::weak_ptr<AllocationObserver> observer);

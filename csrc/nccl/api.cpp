@@ -52,10 +52,10 @@ const CuMemQueries& cuMemQueries() {
 // and torch's expandable segments do (one handle per mapped page). NCCL
 // shares the handle with its peers as a file descriptor, or a fabric handle
 // across an NVLink domain: the allocation must have asked for one.
-bool windowable(const void* ptr, size_t bytes) {
+std::optional<WindowPlace> windowPlace(const void* ptr, size_t bytes) {
   const CuMemQueries& cu = cuMemQueries();
   if (!cu.addressRange || !cu.retain || !cu.properties || !cu.release) {
-    return false;
+    return std::nullopt;
   }
   const auto address = reinterpret_cast<CUdeviceptr>(ptr);
   CUdeviceptr base = 0;
@@ -63,11 +63,11 @@ bool windowable(const void* ptr, size_t bytes) {
   if (cu.addressRange(&base, &size, address) != CUDA_SUCCESS ||
       (address - base) % NCCL_WIN_REQUIRED_ALIGNMENT != 0 ||
       address + bytes > base + size) {
-    return false;
+    return std::nullopt;
   }
   CUmemGenericAllocationHandle handle;
   if (cu.retain(&handle, reinterpret_cast<void*>(base)) != CUDA_SUCCESS) {
-    return false;
+    return std::nullopt;
   }
   CUmemAllocationProp prop{};
   const bool shareable =
@@ -75,7 +75,10 @@ bool windowable(const void* ptr, size_t bytes) {
       (prop.requestedHandleTypes & (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR |
                                     CU_MEM_HANDLE_TYPE_FABRIC)) != 0;
   cu.release(handle);
-  return shareable;
+  if (!shareable) {
+    return std::nullopt;
+  }
+  return WindowPlace{size, static_cast<size_t>(address - base)};
 }
 
 template <typename Fn>
@@ -138,7 +141,7 @@ NcclApi makeRealApi() {
   api.getDevice = &cudaGetDevice;
   api.setDevice = &cudaSetDevice;
   api.exchangeStreamCaptureMode = &cudaThreadExchangeStreamCaptureMode;
-  api.windowable = &windowable;
+  api.windowPlace = &windowPlace;
   return api;
 }
 

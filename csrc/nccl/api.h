@@ -13,6 +13,7 @@
 #include <nccl.h>
 
 #include <cstdint>
+#include <optional>
 
 namespace nccl_core {
 
@@ -32,6 +33,12 @@ enum NcclMemStat : int {
   kMemStatTotal = 3,       // ncclStatGpuMemTotal
 };
 constexpr int kSuspendMemory = 0x01;
+
+// Where a range of device memory lies in its cuMem allocation.
+struct WindowPlace {
+  size_t allocationBytes;
+  size_t offset;
+};
 
 struct NcclApi {
   // NCCL 2.28: linked.
@@ -112,10 +119,11 @@ struct NcclApi {
   decltype(&cudaGetDevice) getDevice;
   decltype(&cudaSetDevice) setDevice;
   decltype(&cudaThreadExchangeStreamCaptureMode) exchangeStreamCaptureMode;
-  // Whether ncclCommWindowRegister can map [ptr, ptr + bytes): one cuMem
-  // allocation holds it, at an offset NCCL_WIN_REQUIRED_ALIGNMENT divides
-  // (the CUDA driver's answer, as NCCL 2.28's dev_runtime.cc asks it).
-  bool (*windowable)(const void* ptr, size_t bytes);
+  // Where ncclCommWindowRegister would map [ptr, ptr + bytes): the one
+  // shareable cuMem allocation holding it, at an offset
+  // NCCL_WIN_REQUIRED_ALIGNMENT divides (the CUDA driver's answer, as NCCL
+  // 2.28's dev_runtime.cc asks it); nullopt where NCCL could not map it.
+  std::optional<WindowPlace> (*windowPlace)(const void* ptr, size_t bytes);
 };
 
 // NCCL's own entry points (the newer ones where the runtime has them): what

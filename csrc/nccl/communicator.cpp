@@ -13,6 +13,7 @@
 #include "nccl/api.h"
 #include "nccl/dev_comm.h"
 #include "nccl/errors.h"
+#include "nccl/version.h"
 #include "nccl/window_pointers.h"
 
 namespace nccl_core {
@@ -530,8 +531,17 @@ Communicator::registerBuffer(void* ptr, size_t bytes) {
       bytes);
 }
 
-std::shared_ptr<Window>
-Communicator::registerWindow(void* ptr, size_t bytes, int flags) {
+std::shared_ptr<Window> Communicator::registerWindow(
+    void* ptr,
+    size_t bytes,
+    int flags,
+    WindowLayout layout) {
+  TORCH_INTERNAL_ASSERT(static_cast<int>(layout.size()) == size_);
+  if (const auto conflict =
+          layoutConflict(layout, hasFeature(Feature::WindowSizesPerRank))) {
+    // Every rank holds the same layout: each raises here, before NCCL.
+    NCCL_CORE_CHECK_ARG(false, "register_window", *conflict);
+  }
   const auto allocation = findAllocation(ptr, bytes);
   DeviceGuard guard(*api_, device_);
   std::shared_ptr<CommunicatorListener> listener;
@@ -557,7 +567,8 @@ Communicator::registerWindow(void* ptr, size_t bytes, int flags) {
         window,
         ptr,
         bytes,
-        flags);
+        flags,
+        std::move(layout));
   }
   if (listener) {
     listener->windowRegistered(tracked);
@@ -626,9 +637,6 @@ ncclWindow_t Communicator::windowRegister(void* ptr, size_t bytes, int flags) {
     // Returns before the peers joined; `window` is written once settled.
     check(ncclInProgress, "ncclCommWindowRegister");
   }
-  if (window != nullptr) {
-    markWindowed(ptr); // its free waits for the device: peers map it now
-  }
   return window;
 }
 
@@ -638,6 +646,7 @@ ncclWindow_t Communicator::registerInternalWindow(void* ptr, size_t bytes) {
       window != nullptr,
       "register_window",
       "NCCL has no windows on this platform");
+  markDeviceWide(ptr); // the package's kernels use it from any stream
   return window;
 }
 

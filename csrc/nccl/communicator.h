@@ -22,6 +22,7 @@
 #include "nccl/captured_graphs.h"
 #include "nccl/one_sided.h"
 #include "nccl/resources.h"
+#include "nccl/window_layout.h"
 
 namespace nccl_core {
 
@@ -289,8 +290,11 @@ class Communicator final : public AllocationObserver,
 
   // Resources (see resources.h), tracked until closed.
   std::shared_ptr<RegisteredBuffer> registerBuffer(void* ptr, size_t bytes);
-  // Collective: every rank registers a buffer of the same size together.
-  std::shared_ptr<Window> registerWindow(void* ptr, size_t bytes, int flags);
+  // Collective: every rank registers its part together, `layout` holding
+  // every rank's (exchangeLayout). A layout NCCL would address wrongly
+  // (layoutConflict) raises ValueError on every rank before NCCL is asked.
+  std::shared_ptr<Window>
+  registerWindow(void* ptr, size_t bytes, int flags, WindowLayout layout);
   std::shared_ptr<CustomRedOp>
   createPreMulSum(const void* hostScalar, ncclDataType_t dtype);
   // The window of this communicator covering [ptr, ptr + bytes), if any.

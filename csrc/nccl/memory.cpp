@@ -143,10 +143,12 @@ void nccl_core_pool_free(
     void* ptr,
     ssize_t /*size*/,
     int device,
-    cudaStream_t /*stream*/) {
-  // torch's caching allocator frees a segment (empty_cache, a pool's end) as
-  // its own cudaFree would: after the device finished. This runs under the
-  // allocator's lock, which a thread that took the GIL meanwhile could be
-  // waiting for: the wait keeps the GIL.
-  nccl_core::freeAfterDevice(ptr, device, /*mayReleaseGil=*/false);
+    cudaStream_t stream) {
+  // torch's caching allocator frees a segment (empty_cache, a pool's end)
+  // once none of its blocks is in use but on `stream`, the segment's (it
+  // waits for the other streams a block was recorded on first). This runs
+  // under the allocator's lock, which a thread that took the GIL meanwhile
+  // could be waiting for: nothing here lets go of the GIL.
+  const cudaStream_t streams[] = {stream};
+  nccl_core::freeAfter(ptr, device, streams, /*mayReleaseGil=*/false);
 }

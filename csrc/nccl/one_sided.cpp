@@ -1,9 +1,7 @@
 #include "nccl/one_sided.h"
 
-#include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 #include <c10/util/env.h>
@@ -15,6 +13,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "nccl/allocations.h"
 #include "nccl/api.h"
 #include "nccl/communicator.h"
 #include "nccl/errors.h"
@@ -160,58 +159,6 @@ void runInGroup(
   }
 }
 
-// Every rank's size of the windows registered through recordWindowSizes. By
-// address, with the window held weakly: an entry whose window is gone never
-// answers for a new one at the same address.
-struct WindowSizes {
-  std::weak_ptr<const Window> window;
-  std::vector<size_t> bytes; // by rank
-};
-
-struct WindowSizeTable {
-  std::mutex mutex;
-  std::unordered_map<const Window*, WindowSizes> byWindow;
-};
-
-WindowSizeTable& windowSizes() {
-  static auto* made = new WindowSizeTable(); // never destroyed, as links()
-  return *made;
-}
-
-// `bytes` of every rank of `comm`, by rank. Collective.
-std::vector<size_t> allGatherSizes(Communicator& comm, size_t bytes) {
-  const auto device = static_cast<c10::DeviceIndex>(comm.device());
-  c10::cuda::CUDAGuard guard(device);
-  // A stream of its own: the exchange waits for none of the caller's work.
-  const c10::cuda::CUDAStream stream =
-      c10::cuda::getStreamFromPool(false, device);
-  c10::cuda::CUDAStreamGuard streamGuard(stream);
-  const at::Tensor sizes = at::empty(
-      {comm.size()},
-      at::TensorOptions().dtype(at::kLong).device(at::kCUDA, device));
-  int64_t* all = sizes.data_ptr<int64_t>();
-  sizes.narrow(0, comm.rank(), 1).fill_(static_cast<int64_t>(bytes));
-  {
-    const Communicator::Use use = comm.use(); // fences abort() meanwhile
-    comm.check(
-        comm.api().allGather(
-            all + comm.rank(),
-            all,
-            1,
-            ncclInt64,
-            use.handle(),
-            stream.stream()),
-        "ncclAllGather");
-  }
-  const at::Tensor host = sizes.cpu(); // waits for the exchange
-  comm.get(); // aborted meanwhile: the exchange may not have run
-  std::vector<size_t> result(comm.size());
-  for (int rank = 0; rank < comm.size(); ++rank) {
-    result[rank] = static_cast<size_t>(host.data_ptr<int64_t>()[rank]);
-  }
-  return result;
-}
-
 } // namespace
 
 OneSidedLink::OneSidedLink(const Communicator& comm, OneSidedGroup& group)
@@ -234,30 +181,6 @@ OneSidedLink::~OneSidedLink() {
   // Waits for the ops running through the group.
   std::unique_lock<std::shared_mutex> lock(state_->mutex);
   state_->group = nullptr;
-}
-
-void recordWindowSizes(
-    Communicator& comm,
-    const std::shared_ptr<const Window>& window) {
-  std::vector<size_t> bytes = allGatherSizes(comm, window->size());
-  WindowSizeTable& table = windowSizes();
-  std::lock_guard<std::mutex> lock(table.mutex);
-  for (auto it = table.byWindow.begin(); it != table.byWindow.end();) {
-    it = it->second.window.expired() ? table.byWindow.erase(it) : std::next(it);
-  }
-  table.byWindow[window.get()] = WindowSizes{window, std::move(bytes)};
-}
-
-size_t peerWindowBytes(const Window& window, int peer) {
-  WindowSizeTable& table = windowSizes();
-  std::lock_guard<std::mutex> lock(table.mutex);
-  const auto found = table.byWindow.find(&window);
-  // Not expired: it is `window` itself, alive while the caller holds it.
-  if (found != table.byWindow.end() && !found->second.window.expired() &&
-      peer >= 0 && static_cast<size_t>(peer) < found->second.bytes.size()) {
-    return found->second.bytes[peer];
-  }
-  return window.size();
 }
 
 void checkPeer(const Communicator& comm, int64_t peer, const char* op) {
@@ -383,12 +306,10 @@ void enqueuePutSignal(
     cudaStream_t stream) {
   comm.get();       // an aborted communicator has unmapped its windows
   put.window.get(); // so has a closed window
-  NCCL_CORE_CHECK_ARG(
-      put.window.communicator().get() == &comm,
-      "put_signal",
-      "the window belongs to another communicator; use "
-      "the communicator of the group that registered it");
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(comm.device()));
+  // The put goes through this rank's mapping of the target's part: freeing
+  // the window's memory here waits for `stream`.
+  noteWindowUse(put.window.userPtr(), stream);
   if (oneSidedEngine() == OneSidedEngine::Host) {
     // NCCL reads the source zero-copy from a COLL_SYMMETRIC window only.
     if (comm.inSymmetricWindow(put.src, put.bytes)) {

@@ -127,16 +127,6 @@ class OneSidedLink {
 void checkPeer(const Communicator& comm, int64_t peer, const char* op);
 int checkedOpCount(int64_t count, const char* op);
 
-// Window registration is collective, but ranks may register different sizes
-// (NCCL does not refuse it, and from 2.30 maps each rank's own size), so a
-// put must fit the target's part. Learns every rank's size of `window` (an
-// all-gather over `comm`, collective like the registration it follows).
-void recordWindowSizes(
-    Communicator& comm,
-    const std::shared_ptr<const Window>& window);
-// `peer`'s size of `window`, as recorded; this rank's where none was.
-size_t peerWindowBytes(const Window& window, int peer);
-
 // A put_signal: `bytes` from `src` (`count` elements of `dtype` as NCCL sees
 // them) into `peer`'s part of `window`, `offsetBytes` in. Made by
 // checkedPutSignal (backend/ops/arguments.h), which checks every field.

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "nccl/api.h"
+#include "nccl/window_layout.h"
 
 namespace nccl_core {
 
@@ -97,12 +98,14 @@ class Window final : public CommResource {
       ncclWindow_t window,
       void* userPtr,
       size_t size,
-      int flags)
+      int flags,
+      WindowLayout layout)
       : CommResource(std::move(comm), allocation),
         window_(window),
         userPtr_(userPtr),
         size_(size),
-        flags_(flags) {}
+        flags_(flags),
+        layout_(std::move(layout)) {}
 
   ncclWindow_t get() const;
   void* userPtr() const;
@@ -111,6 +114,11 @@ class Window final : public CommResource {
   }
   int flags() const {
     return flags_;
+  }
+  // Rank `rank`'s part of the window, as that rank registered it: what its
+  // peers' puts and pointers into it are bounded by.
+  const WindowPart& part(int rank) const {
+    return layout_.at(rank);
   }
   const char* kind() const override {
     return "window";
@@ -133,6 +141,7 @@ class Window final : public CommResource {
   void* const userPtr_;
   const size_t size_;
   const int flags_;
+  const WindowLayout layout_;
 };
 
 // ncclRedOpCreatePreMulSum with a host scalar: output = scalar * sum(inputs),

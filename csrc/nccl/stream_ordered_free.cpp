@@ -68,6 +68,16 @@ void synchronizeDevice(void* /*unused*/) {
   C10_CUDA_CHECK_WARN(cudaDeviceSynchronize());
 }
 
+void freeAfterDevice(void* ptr, int device, bool mayReleaseGil) {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  if (mayReleaseGil) {
+    runBlockingWait(synchronizeDevice, nullptr);
+  } else {
+    synchronizeDevice(nullptr);
+  }
+  freeNow(ptr, device);
+}
+
 void release(Pending& entry) {
   for (cudaEvent_t event : entry.events) {
     C10_CUDA_CHECK_WARN(cudaEventDestroy(event));
@@ -142,16 +152,20 @@ void freeAfter(
     int device,
     c10::ArrayRef<cudaStream_t> streams,
     bool mayReleaseGil) noexcept {
-  if (windowed(ptr)) {
-    // Peers map it, and kernels on any stream (one-sided waits, the
-    // engines') may use it: the device finishes first.
+  if (deviceWide(ptr)) {
+    // This package's kernels on any stream may use it: the device first.
     freeAfterDevice(ptr, device, mayReleaseGil);
     return;
   }
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   const RelaxedCapture relaxed;
   Pending entry{ptr, device, {}, {}};
-  for (cudaStream_t stream : streams) {
+  // A window over it goes with it, unmapping the peers' parts that puts on
+  // these streams write through.
+  const std::vector<cudaStream_t> users = windowUsers(ptr);
+  std::vector<cudaStream_t> all(streams.begin(), streams.end());
+  all.insert(all.end(), users.begin(), users.end());
+  for (cudaStream_t stream : all) {
     // A capturing stream is never queried: that would end its capture.
     if (std::find(entry.unrecorded.begin(), entry.unrecorded.end(), stream) ==
             entry.unrecorded.end() &&
@@ -167,16 +181,6 @@ void freeAfter(
     queue().entries.push_back(std::move(entry));
   }
   freeFinished(false);
-}
-
-void freeAfterDevice(void* ptr, int device, bool mayReleaseGil) noexcept {
-  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-  if (mayReleaseGil) {
-    runBlockingWait(synchronizeDevice, nullptr);
-  } else {
-    synchronizeDevice(nullptr);
-  }
-  freeNow(ptr, device);
 }
 
 void freeFinished(bool wait) noexcept {

@@ -11,24 +11,22 @@
 
 namespace nccl_core {
 
-// Frees `ptr` (ncclMemAlloc memory on `device`) once `streams` finished what
+// Frees `ptr` (ncclMemAlloc memory on `device`) once `streams`, and the
+// streams that put through a window over it (noteWindowUse), finished what
 // they hold now: at once where they are idle, else at this thread's next
-// allocation or free of NCCL memory or op of a group, or when it exits. A
-// stream capturing now is waited for from the end of its capture. Memory a
-// window covers goes at once, after a device-wide synchronize: peers map it,
-// kernels on any stream may use it, and its windows are closed collectively,
-// at the same point on every rank. `mayReleaseGil`: no lock of torch's is
-// held, so that wait may let go of Python's GIL.
+// allocation or free of NCCL memory or op of a group, or when it exits; the
+// host never waits here. A stream capturing now is waited for from the end of
+// its capture. Its windows close when it goes (NCCL deregisters a window
+// locally; peers keep their mappings of this rank's memory, which CUDA keeps
+// alive until they unmap it). Memory this package's kernels use from any
+// stream (markDeviceWide) goes at once, after a device-wide synchronize.
+// `mayReleaseGil`: no lock of torch's is held, so that wait may let go of
+// Python's GIL.
 void freeAfter(
     void* ptr,
     int device,
     c10::ArrayRef<cudaStream_t> streams,
     bool mayReleaseGil) noexcept;
-
-// Frees `ptr` after a device-wide synchronize (memory peers map, or that
-// torch's caching allocator hands back from a MemPool, as its own cudaFree
-// would synchronize).
-void freeAfterDevice(void* ptr, int device, bool mayReleaseGil) noexcept;
 
 // Frees the allocations this thread freed whose streams have finished; with
 // `wait`, waits for them first (before retrying an allocation that ran out of

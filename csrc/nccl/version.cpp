@@ -36,8 +36,8 @@ FeatureInfo info(Feature feature) {
       return {"comm_grow", NCCL_VERSION(2, 29, 0)};
     case Feature::SuspendResume:
       return {"suspend_resume", NCCL_VERSION(2, 29, 7)};
-    case Feature::WindowSizesPerRank:
-      return {"window_sizes_per_rank", NCCL_VERSION(2, 30, 0)};
+    case Feature::WindowSizesPerRank: // dev_runtime.cc's lsaMaxSize
+      return {"window_sizes_per_rank", NCCL_VERSION(2, 30, 7)};
     case Feature::WindowRegistrationInCapture:
       return {"window_registration_in_capture", NCCL_VERSION(2, 30, 0)};
     case Feature::OneSidedGraphCapture:

@@ -34,7 +34,7 @@ enum class Feature {
   WindowStrictOrdering, // NCCL_WIN_STRICT_ORDERING
   CommGrow,             // ncclCommGrow, ncclCommGetUniqueId
   SuspendResume,        // ncclCommSuspend / ncclCommResume / ncclCommMemStats
-  WindowSizesPerRank,   // windows of different sizes on different ranks
+  WindowSizesPerRank,   // windows in allocations of different sizes by rank
   WindowRegistrationInCapture, // ncclCommWindowRegister during a capture
   OneSidedGraphCapture,        // ncclPutSignal / ncclWaitSignal in CUDA graphs
   ZeroCtaPolicy,               // NCCL_CTA_POLICY_ZERO (copy-engine collectives)

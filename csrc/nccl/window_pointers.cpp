@@ -41,31 +41,36 @@ std::shared_ptr<Communicator> ownerOf(const Window& window, const char* op) {
   return comm;
 }
 
-// lsaPointer, on `comm`, which the caller holds.
+// ValueError naming `op` unless `offset` lies in world rank `rank`'s part of
+// `window` (or just past it).
+void checkOffset(
+    const Window& window,
+    int rank,
+    size_t offset,
+    const char* op) {
+  const size_t bytes = window.part(rank).bytes;
+  NCCL_CORE_CHECK_ARG(
+      offset <= bytes,
+      op,
+      "offset ",
+      offset,
+      " is past the end of rank ",
+      rank,
+      "'s part (",
+      bytes,
+      " bytes)");
+}
+
+// lsaPointer, on `comm`, which the caller holds; `offset` checked already.
 uintptr_t lsaPointerOn(
     Communicator& comm,
     const Window& window,
     int lsaRank,
     size_t offset) {
-  const LsaTeam team = lsaTeam(comm);
-  NCCL_CORE_CHECK_ARG(
-      lsaRank >= 0 && lsaRank < team.size,
-      "lsa_pointer",
-      "lsa_rank ",
-      lsaRank,
-      " is out of range; expected 0 <= lsa_rank < ",
-      team.size,
-      " (the LSA team size)");
-  NCCL_CORE_CHECK_ARG(
-      offset <= window.size(),
-      "lsa_pointer",
-      "offset ",
-      offset,
-      " is past the end of the window (",
-      window.size(),
-      " bytes)");
   return window
-             .lsaBases([&] { return lsaBases(comm, window.get(), team.size); })
+             .lsaBases([&] {
+               return lsaBases(comm, window.get(), lsaTeam(comm).size);
+             })
              .at(lsaRank) +
          offset;
 }
@@ -90,7 +95,23 @@ std::optional<int> lsaRankOf(Communicator& comm, int peer) {
 }
 
 uintptr_t lsaPointer(const Window& window, int lsaRank, size_t offset) {
-  return lsaPointerOn(*ownerOf(window, "lsa_pointer"), window, lsaRank, offset);
+  const std::shared_ptr<Communicator> comm = ownerOf(window, "lsa_pointer");
+  const LsaTeam team = lsaTeam(*comm);
+  NCCL_CORE_CHECK_ARG(
+      lsaRank >= 0 && lsaRank < team.size,
+      "lsa_pointer",
+      "lsa_rank ",
+      lsaRank,
+      " is out of range; expected 0 <= lsa_rank < ",
+      team.size,
+      " (the LSA team size)");
+  // The world rank of LSA rank `lsaRank`, whose part `offset` is in.
+  checkOffset(
+      window,
+      comm->rank() + (lsaRank - team.rank) * team.stride,
+      offset,
+      "lsa_pointer");
+  return lsaPointerOn(*comm, window, lsaRank, offset);
 }
 
 bool windowAddressesReadable(const NcclApi& api) {
@@ -133,6 +154,7 @@ peerPointer(const Window& window, int peer, size_t offset) {
       peer,
       " is out of range; expected 0 <= peer < ",
       comm->size());
+  checkOffset(window, peer, offset, "peer_pointer");
   const std::optional<int> lsaRank = lsaRankOf(*comm, peer);
   if (!lsaRank) {
     return std::nullopt;

@@ -290,10 +290,13 @@ cudaError_t exchangeCaptureMode(cudaStreamCaptureMode* /*mode*/) {
   return cudaSuccess;
 }
 
-// Any memory can be a window, unless a test scripts a refusal
-// (failNext("windowable", ...)).
-bool windowable(const void* /*ptr*/, size_t /*bytes*/) {
-  return Call("windowable", nullptr).result == ncclSuccess;
+// Any memory can be a window, an allocation of its own, unless a test
+// scripts a refusal (failNext("windowable", ...)).
+std::optional<WindowPlace> windowPlace(const void* /*ptr*/, size_t bytes) {
+  if (Call("windowable", nullptr).result != ncclSuccess) {
+    return std::nullopt;
+  }
+  return WindowPlace{bytes, 0};
 }
 
 } // namespace
@@ -334,7 +337,7 @@ FakeNccl::FakeNccl(bool realCuda, bool revoke, bool suspend, bool grow) {
   table_.setDevice = realCuda ? realNccl().setDevice : &setDevice;
   table_.exchangeStreamCaptureMode =
       realCuda ? realNccl().exchangeStreamCaptureMode : &exchangeCaptureMode;
-  table_.windowable = &windowable;
+  table_.windowPlace = &windowPlace;
   FakeNccl* expected = nullptr;
   TORCH_CHECK(
       installedFake.compare_exchange_strong(expected, this),

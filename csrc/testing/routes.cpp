@@ -5,7 +5,9 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <optional>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -160,12 +162,33 @@ void bindRoutes(py::module_& testing) {
       "As freeing NCCL memory does: what covers it is released first.");
   testing.def(
       "register_window",
-      [](Communicator& comm, const at::Tensor& tensor, int flags) {
-        return comm.registerWindow(tensor.data_ptr(), tensor.nbytes(), flags);
+      [](Communicator& comm,
+         const at::Tensor& tensor,
+         int flags,
+         const std::optional<std::vector<std::tuple<uint64_t, uint64_t>>>&
+             parts) {
+        // Every rank's part as this rank's, or as `parts` says: (allocation
+        // bytes, offset) by rank, each of the tensor's size and `flags`.
+        const auto place =
+            comm.api().windowPlace(tensor.data_ptr(), tensor.nbytes());
+        TORCH_CHECK(place.has_value(), "the fake refused the window");
+        const WindowPart mine{
+            place->allocationBytes, place->offset, tensor.nbytes(), flags};
+        WindowLayout layout(comm.size(), mine);
+        if (parts) {
+          TORCH_CHECK(static_cast<int>(parts->size()) == comm.size());
+          for (size_t rank = 0; rank < parts->size(); ++rank) {
+            std::tie(layout[rank].allocationBytes, layout[rank].offset) =
+                (*parts)[rank];
+          }
+        }
+        return comm.registerWindow(
+            tensor.data_ptr(), tensor.nbytes(), flags, std::move(layout));
       },
       py::arg("comm"),
       py::arg("tensor"),
       py::arg("flags"),
+      py::arg("parts") = py::none(),
       py::call_guard<py::gil_scoped_release>());
 }
 

@@ -1,8 +1,13 @@
 // The nccl_core torch op library: one-sided operations taking the process
 // group by name (like torch's _c10d_functional ops), so that they run from
 // C++ and Python, are captured in CUDA graphs, and trace under torch.compile.
-// The window argument is the window's memory: marked as mutated, it orders
-// the ops after the code that fills it and before the code that reads it.
+// Their schemas are functional, so that torch.compile's functionalization
+// hands them the window itself (a mutated argument would be a copy under
+// aot_eager): `window` names the window and is only read here; what a wait
+// receives is returned (a copy of the window once the signals came), so code
+// that reads it is ordered after the wait by its data. Python registers the
+// ops as effectful (torch_nccl_core/ops.py): compiled graphs keep them, in
+// program order.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
@@ -46,7 +51,9 @@ windowOf(Communicator& comm, const at::Tensor& window, const char* op) {
       found != nullptr,
       op,
       "`window` must be memory registered as a window of the group "
-      "(torch_nccl_core.empty(..., window=True) or register_window)");
+      "(torch_nccl_core.empty(..., window=True) or register_window); under "
+      "torch.compile(mode=\"reduce-overhead\") mark it with "
+      "torch._dynamo.mark_static_address, or CUDA graphs take a copy of it");
   return found;
 }
 
@@ -84,7 +91,7 @@ void signalOp(
   signal(comm, static_cast<int>(peer), currentStream(comm));
 }
 
-void waitSignalOp(
+at::Tensor waitSignalOp(
     const at::Tensor& window,
     at::IntArrayRef peers,
     at::IntArrayRef opCounts,
@@ -107,9 +114,10 @@ void waitSignalOp(
         {static_cast<int>(peers[i]), checkedOpCount(opCounts[i], kOp), 0, 0});
   }
   waitSignal(comm, descs, currentStream(comm));
+  return window.clone(); // on the current stream, after the wait
 }
 
-// Fake (Meta) kernels: the ops only mutate `window`, whose metadata stays.
+// Fake (Meta) kernels: a wait returns a tensor like its window.
 void putSignalMeta(
     const at::Tensor&,
     const at::Tensor&,
@@ -117,22 +125,24 @@ void putSignalMeta(
     int64_t,
     c10::string_view) {}
 void signalMeta(const at::Tensor&, int64_t, c10::string_view) {}
-void waitSignalMeta(
-    const at::Tensor&,
+at::Tensor waitSignalMeta(
+    const at::Tensor& window,
     at::IntArrayRef,
     at::IntArrayRef,
-    c10::string_view) {}
+    c10::string_view) {
+  return at::empty_like(window);
+}
 
 } // namespace
 
 TORCH_LIBRARY(nccl_core, m) {
   m.def(
-      "put_signal(Tensor src, Tensor(a!) window, int peer, int offset, "
+      "put_signal(Tensor src, Tensor window, int peer, int offset, "
       "str group_name) -> ()");
-  m.def("signal(Tensor(a!) window, int peer, str group_name) -> ()");
+  m.def("signal(Tensor window, int peer, str group_name) -> ()");
   m.def(
-      "wait_signal(Tensor(a!) window, int[] peers, int[] op_counts, "
-      "str group_name) -> ()");
+      "wait_signal(Tensor window, int[] peers, int[] op_counts, "
+      "str group_name) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(nccl_core, CUDA, m) {

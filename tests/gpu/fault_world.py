@@ -387,6 +387,36 @@ def no_set_device(job_store) -> dict:
     return {"correct": bool((t == 2 * summed(1.0)).all()), "current_device": current}
 
 
+def concurrent_first_use(job_store) -> dict:
+    """No device bound: two threads of rank 0 ask for the group's communicator at once, its
+    first use. One makes it (collectively, with rank 1's one call), the other waits for it and
+    gets the same one; then the group computes."""
+    init(job_store, bind=False)
+    report = {}
+    if RANK == 0:
+        start = threading.Barrier(2)
+
+        def first_use() -> tuple[int, int]:
+            start.wait()
+            comm = torch_nccl_core.communicator()
+            return comm.size, comm.device
+
+        workers = [Worker(first_use, f"first_use_{i}") for i in range(2)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(THREAD_LIMIT_S)
+        report["threads"] = [worker.report() for worker in workers]
+        report["results"] = [worker.result for worker in workers]
+        if any(worker.is_alive() for worker in workers):
+            return report  # a hang: rank 1 would wait in the probe for ever
+    else:
+        torch_nccl_core.communicator()
+    report["correct"] = probe()
+    dist.destroy_process_group()
+    return report
+
+
 # --- Teardown and frees on other threads (the issue's requirement 6) ----------------------------
 #
 # "A backend dropped from any thread, GIL held or not, never deadlocks"; "freeing NCCL memory
@@ -1185,6 +1215,7 @@ SCENARIOS = {
     "flight_recorder_names_a_skipped_collective": flight_recorder_names_a_skipped_collective,
     "watchdog_frees_nothing": watchdog_frees_nothing,
     "no_set_device": no_set_device,
+    "concurrent_first_use": concurrent_first_use,
     "destroy_world_on_thread": destroy_world_on_thread,
     "drop_subgroup_on_thread": drop_subgroup_on_thread,
     "drop_backend_on_thread": drop_backend_on_thread,

@@ -43,6 +43,18 @@ def scenario(rank: int, name: str, timeout_s: float = 90.0, world: int = 2) -> d
 
 
 @pytest.mark.timeout(150, method="thread")
+def test_concurrent_first_use_makes_one_communicator(rank):
+    """Was: two threads of rank 0 both made the communicator of a group without a device; one
+    returned, the other and rank 1 hung in the rendezvous."""
+    report = scenario(rank, "concurrent_first_use", timeout_s=90.0)
+    if rank == 0:
+        assert all(t["thread_done"] and t["error"] is None for t in report["threads"]), report
+        first, second = report["results"]
+        assert first == second and first[0] == 2, report
+    assert report["correct"], report
+
+
+@pytest.mark.timeout(150, method="thread")
 def test_destroy_lets_synchronous_ops_finish(rank):
     """Was: destroy aborted the communicator under sync ops still queued, results wrong."""
     assert scenario(rank, "destroy_after_sync_ops")["correct"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -29,8 +30,7 @@ def test_ops_eager_exchange(rank, world_size, windows):
     if one_sided_refused(lambda: ops.put_signal(src, window, after)):
         return
     ops.put_signal(src, window, after)
-    ops.wait_signal(window, before)
-    received = window.clone()
+    received = ops.wait_signal(window, before)
     torch.cuda.synchronize()
     dist.barrier()
     assert_equal(received, rank_tensor(NUMEL, torch.float32, before))
@@ -48,8 +48,7 @@ def test_ring_exchange_replays_in_a_cuda_graph(rank, windows):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         ops.put_signal(src, window, after)  # data
-        ops.wait_signal(window, before)  # the previous rank's data arrived
-        out.copy_(window)
+        out.copy_(ops.wait_signal(window, before))  # the previous rank's data
         ops.signal(window, before)  # ack: its data was read
         ops.wait_signal(window, after)  # the next rank read ours: its window may be rewritten
     torch.cuda.synchronize()
@@ -65,24 +64,44 @@ def test_ring_exchange_replays_in_a_cuda_graph(rank, windows):
         assert_equal(result, rank_tensor(NUMEL, torch.float32, before, salt=step))
 
 
+# Every way a program compiles them (torch.compile's backends, a whole graph, CUDA graphs).
+COMPILE_MODES = {
+    "aot_eager": {"backend": "aot_eager"},
+    "inductor": {},
+    "fullgraph": {"fullgraph": True},
+    "reduce-overhead": {"mode": "reduce-overhead"},
+}
+
+
 @needs_ranks(2)  # one-sided ops go to another rank
-def test_ops_compile_fullgraph_keeps_order(rank, windows):
+@pytest.mark.parametrize("how", COMPILE_MODES)
+def test_compiled_exchanges_keep_their_order_and_data(rank, how, windows):
+    """A function that computes what it sends, puts it, waits for the peer's and reads it, under
+    each way of compiling it, called three times (CUDA graphs record, then replay) with new data.
+    Was: aot_eager handed the ops a copy of the window (a mutated argument), refused as not
+    window memory; a graph-writing copy back would have overwritten what peers put."""
     window = _window()
     after, before = ring_peers(rank)
     name = dist.group.WORLD.group_name
+    torch._dynamo.mark_static_address(window)  # CUDA graphs must not copy peer memory
 
     def exchange(x: torch.Tensor, win: torch.Tensor) -> torch.Tensor:
         data = x * 2 + 1  # computed before the put that sends it
         torch.ops.nccl_core.put_signal(data, win, after, 0, name)
-        torch.ops.nccl_core.wait_signal(win, [before], [1], name)
-        return win * 3  # read after the wait
+        received = torch.ops.nccl_core.wait_signal(win, [before], [1], name)
+        return received * 3  # read after the wait: its data is the wait's
 
-    compiled = torch.compile(exchange, fullgraph=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(exchange, **COMPILE_MODES[how])
     x = rank_tensor(NUMEL, torch.float32, rank)
     if one_sided_refused(lambda: compiled(x, window)):  # the compiled op refuses alike
         return
-    result = compiled(x, window)
-    torch.cuda.synchronize()
-    dist.barrier()
-    expected = (rank_tensor(NUMEL, torch.float32, before) * 2 + 1) * 3
-    assert_equal(result, expected)
+    results = []
+    for step in range(3):
+        result = compiled(rank_tensor(NUMEL, torch.float32, rank, salt=step), window)
+        results.append(result.clone())
+        torch.cuda.synchronize()
+        dist.barrier()  # the peer read its window before it is written again
+    for step, result in enumerate(results):
+        expected = (rank_tensor(NUMEL, torch.float32, before, salt=step) * 2 + 1) * 3
+        assert_equal(result, expected)

@@ -80,3 +80,33 @@ def test_a_ddp_step_shows_its_gradient_all_reduce_on_both_timelines(rank, device
     buckets = [event.input_shapes[0] for event in on_cpu]
     assert sum(shape[0] for shape in buckets) == sum(p.numel() for p in ddp.parameters()), buckets
     assert on_cuda, sorted({(event.name, str(event.device_type)) for event in prof.events()})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64], ids=["real", "complex"])
+def test_a_profiled_op_is_one_range_with_its_inputs_shapes(rank, world_size, dtype):
+    """What torch's distributed_test.py checks of every profiled op (call_dist_op), with the
+    autograd profiler: one async `nccl_core:<op>` event, recorded once, whose input shapes are
+    the op's input's (a complex one's as the real view NCCL moves), as ProcessGroupNCCL's Work
+    records them. Was: the outputs' shapes too (3 shapes for an all_gather of 2 ranks)."""
+    tensor = torch.ones(NUMEL, dtype=dtype, device="cuda")
+    gathered = [torch.empty_like(tensor) for _ in range(world_size)]
+    square = torch.ones(world_size, world_size, dtype=dtype, device="cuda")
+    exchanged = torch.empty_like(square)
+    calls = {
+        "nccl_core:all_gather": (lambda: dist.all_gather(gathered, tensor), tensor),
+        "nccl_core:all_to_all": (lambda: dist.all_to_all_single(exchanged, square), square),
+    }
+    seen = {}
+    for title, (call, source) in calls.items():
+        with torch.autograd.profiler.profile(record_shapes=True) as prof:
+            call()
+        seen[title] = [
+            (event.is_async, event.count, event.input_shapes)
+            for event in prof.function_events
+            if event.name.startswith(title) or event.name.endswith(title)
+        ]
+        shape = torch.view_as_real(source).shape if source.is_complex() else source.shape
+        seen[title] = (seen[title], [(True, 1, [list(shape)])])
+    torch.cuda.synchronize()
+    for title, (events, expected) in seen.items():
+        assert events == expected, title

@@ -6,6 +6,7 @@
 #include "nccl/dtypes.h"
 #include "nccl/errors.h"
 #include "nccl/one_sided.h"
+#include "nccl/resources.h"
 
 namespace nccl_core {
 
@@ -15,8 +16,7 @@ namespace {
 size_t
 checkedOffsetBytes(const at::Tensor& src, const PutTarget& to, const char* op) {
   const size_t bytes = src.nbytes();
-  const size_t windowBytes =
-      peerWindowBytes(to.window, static_cast<int>(to.peer));
+  const size_t windowBytes = to.window.part(static_cast<int>(to.peer)).bytes;
   NCCL_CORE_CHECK_ARG(
       to.offset >= 0 && bytes <= windowBytes &&
           static_cast<uint64_t>(to.offset) <=
@@ -50,11 +50,7 @@ NcclBuffer bufferOf(const at::Tensor& tensor, const char* op) {
       element->dtype};
 }
 
-void checkTensor(
-    const at::Tensor& tensor,
-    c10::DeviceIndex device,
-    const char* op,
-    const char* what) {
+void checkCuda(const at::Tensor& tensor, const char* op, const char* what) {
   NCCL_CORE_CHECK_ARG(tensor.defined(), op, what, " is an undefined tensor");
   NCCL_CORE_CHECK_ARG(
       tensor.is_cuda(),
@@ -62,6 +58,14 @@ void checkTensor(
       what,
       " must be a CUDA tensor, got one on ",
       tensor.device());
+}
+
+void checkTensor(
+    const at::Tensor& tensor,
+    c10::DeviceIndex device,
+    const char* op,
+    const char* what) {
+  checkCuda(tensor, op, what);
   NCCL_CORE_CHECK_ARG(
       tensor.layout() == at::kStrided,
       op,
@@ -177,6 +181,13 @@ PutSignal checkedPutSignal(
     const at::Tensor& src,
     const PutTarget& to,
     const char* op) {
+  to.window.get(); // RuntimeError once closed
+  // Before the target's part is read: the window's ranks are its group's.
+  NCCL_CORE_CHECK_ARG(
+      to.window.communicator().get() == &comm,
+      op,
+      "the window belongs to another communicator; use the communicator of "
+      "the group that registered it");
   checkPeer(comm, to.peer, op);
   checkTensor(src, static_cast<c10::DeviceIndex>(comm.device()), op, "src");
   const NcclBuffer buf = bufferOf(src, op);

@@ -23,6 +23,9 @@ struct NcclBuffer {
 
 NcclBuffer bufferOf(const at::Tensor& tensor, const char* op);
 
+// Defined and on a CUDA device; `what` names the argument.
+void checkCuda(const at::Tensor& tensor, const char* op, const char* what);
+
 // CUDA, dense, contiguous and on `device`; `what` names the argument.
 void checkTensor(
     const at::Tensor& tensor,
@@ -69,8 +72,9 @@ struct PutTarget {
   int64_t offset;
 };
 
-// put_signal's arguments, checked: `to.peer` another rank of `comm`'s group,
-// `src` a CUDA tensor on its device that fits where `to` says.
+// put_signal's arguments, checked: `to.window` open and `comm`'s, `to.peer`
+// another rank of `comm`'s group, `src` a CUDA tensor on its device that fits
+// the target's part of the window where `to` says.
 PutSignal checkedPutSignal(
     const Communicator& comm,
     const at::Tensor& src,

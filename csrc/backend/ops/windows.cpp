@@ -80,15 +80,21 @@ void TorchWindow::tensor_register(const at::Tensor& tensor, bool owning) {
       kOp,
       "the window already holds a tensor; call tensor_deregister first");
   backend_->refuseInsideCoalescing(kOp);
-  const c10::DeviceIndex device = backend_->deviceForOp(tensor, kOp, "tensor");
+  // A tensor that names no CUDA device is refused here; the other refusals
+  // come within the registration, which every rank joins, so that a rank's
+  // bad tensor is refused on every rank alike.
+  checkCuda(tensor, kOp, "tensor");
   std::shared_ptr<Communicator> comm =
-      backend_->sharedCommunicator(at::Device(at::kCUDA, device));
+      backend_->sharedCommunicator(tensor.device());
   std::shared_ptr<nccl_core::Window> window =
       registerTensorWindow(*comm, tensor, NCCL_WIN_DEFAULT);
   NCCL_CORE_CHECK_SUPPORTED(window != nullptr, kOp, noWindowReason(*comm));
   // torch's window API counts offsets in elements of the window's dtype: a
   // put must match its target's, as torch's own NCCL window requires.
-  peerDtypes_ = allGatherDtypes(*backend_, tensor.scalar_type(), device);
+  peerDtypes_ = allGatherDtypes(
+      *backend_,
+      tensor.scalar_type(),
+      static_cast<c10::DeviceIndex>(comm->device()));
   comm_ = std::move(comm);
   window_ = std::move(window);
   sizes_ = tensor.sizes().vec();
@@ -238,7 +244,7 @@ at::Tensor TorchWindow::map_remote_tensor(int64_t rank) {
       " (get_attr says SEPARATE); reach it with put");
   // The peer's own size, which may differ from this rank's: a flat view
   // then.
-  const size_t bytes = peerWindowBytes(window, peer);
+  const size_t bytes = window.part(peer).bytes;
   auto* data = reinterpret_cast<void*>(*address);
   if (bytes == window.size()) {
     return view(data, sizes_);

@@ -18,10 +18,12 @@ void checkRegistrable(
     const at::Tensor& tensor,
     const char* op);
 
-// Registers `tensor` as a window of `comm` with NCCL window `flags`, and
-// learns every rank's size of it (recordWindowSizes). Collective. Refuses
-// memory that is not NCCL memory, a misaligned start, unknown flags
-// (ValueError) and an NCCL without windows or the flags' feature
+// Registers `tensor` as a window of `comm` with NCCL window `flags`, every
+// rank's part exchanged first (window_layout.h). Collective. Refuses, on
+// every rank alike and before NCCL is asked, memory that is not NCCL memory,
+// a misaligned start, unknown flags and parts NCCL would address wrongly
+// (ValueError: a rank's own refusal on that rank, "rank N refused its part"
+// on the others), and an NCCL without windows or the flags' feature
 // (NotImplementedError). Null where NCCL returned no window.
 std::shared_ptr<Window>
 registerTensorWindow(Communicator& comm, const at::Tensor& tensor, int flags);

@@ -5,6 +5,7 @@
 #include "backend/routing/policy.h"
 #include "backend/runtime/rendezvous.h"
 #include "nccl/allocations.h"
+#include "nccl/window_layout.h"
 
 namespace nccl_core {
 
@@ -12,10 +13,15 @@ WindowUpgrade::WindowUpgrade(Communicator& comm) : comm_(comm) {}
 
 bool WindowUpgrade::qualifies(const Buffer& buffer) const {
   const auto allocation = findAllocation(buffer.ptr, buffer.bytes);
+  // The whole of its allocation: where every rank's buffer is (op shapes
+  // match), every rank's part starts at offset 0 of an allocation of the
+  // same size, as NCCL addresses peers' parts (window_layout.h).
   return allocation && allocation->device == comm_.device() &&
          allocation->perTensor &&
+         allocation->base == reinterpret_cast<uintptr_t>(buffer.ptr) &&
+         allocation->size == buffer.bytes &&
          !comm_.overlapsWindow(buffer.ptr, buffer.bytes) &&
-         comm_.api().windowable(buffer.ptr, buffer.bytes);
+         comm_.api().windowPlace(buffer.ptr, buffer.bytes).has_value();
 }
 
 void WindowUpgrade::consider(
@@ -83,9 +89,20 @@ void WindowUpgrade::consider(
     return;
   }
   for (const Buffer& buffer : buffers) {
+    // Every rank qualified its buffer: every rank's part is this one's.
+    const WindowPlace place =
+        *comm_.api().windowPlace(buffer.ptr, buffer.bytes);
+    const WindowPart part{
+        place.allocationBytes,
+        place.offset,
+        buffer.bytes,
+        NCCL_WIN_COLL_SYMMETRIC};
     // NCCL gives every rank a window or none (a platform without them).
     if (comm_.registerWindow(
-            buffer.ptr, buffer.bytes, NCCL_WIN_COLL_SYMMETRIC)) {
+            buffer.ptr,
+            buffer.bytes,
+            NCCL_WIN_COLL_SYMMETRIC,
+            WindowLayout(comm_.size(), part))) {
       windows_ += 1;
       windowBytes_ += buffer.bytes;
     }

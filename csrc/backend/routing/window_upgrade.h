@@ -8,9 +8,10 @@
 // knows its own memory. So the trigger depends only on what every rank sees
 // alike (the op, its sizes, how often the group ran that op shape), and at it
 // the ranks vote (a meeting in the group's store, once per op shape): the
-// buffers become windows on every rank or on none. A window starts at the
-// buffer and has its size (offset 0 everywhere). Only memory that is one
-// tensor's own (torch_nccl_core.empty) is upgraded: the window goes with the
+// buffers become windows on every rank or on none. Only a buffer that is the
+// whole of one tensor's own memory (torch_nccl_core.empty) is upgraded: every
+// rank's part then starts at offset 0 of an allocation of one size, as NCCL
+// addresses peers' parts (nccl/window_layout.h), and the window goes with the
 // tensor. A pool's or torch's segments hand a freed tensor's range to other
 // tensors, possibly differently on each rank, whose ops would then find a
 // window on one rank and none on another.

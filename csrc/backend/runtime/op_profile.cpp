@@ -19,11 +19,19 @@ int64_t elements(const std::vector<at::Tensor>& tensors) {
   return count;
 }
 
-std::vector<c10::IValue> asValues(
+// What ProcessGroupNCCL's Work records as the range's inputs: the op's input
+// tensors (an in-place op's tensor), complex ones as the real views NCCL
+// moves, so that the profiler shows the shapes torch's tests expect.
+std::vector<c10::IValue> recordedInputs(
     const std::vector<at::Tensor>& inputs,
     const std::vector<at::Tensor>& outputs) {
-  std::vector<c10::IValue> values(inputs.begin(), inputs.end());
-  values.insert(values.end(), outputs.begin(), outputs.end());
+  const std::vector<at::Tensor>& tensors = inputs.empty() ? outputs : inputs;
+  std::vector<c10::IValue> values;
+  values.reserve(tensors.size());
+  for (const at::Tensor& tensor : tensors) {
+    values.emplace_back(
+        tensor.is_complex() ? at::view_as_real(tensor) : tensor);
+  }
   return values;
 }
 
@@ -66,7 +74,7 @@ OpProfile::OpProfile(
   // c10d::Work's ranges are async events (ProcessGroupNCCL's end as soon as
   // the op is enqueued, through its already complete future).
   range_._setAsync();
-  const std::vector<c10::IValue> values = asValues(inputs, outputs);
+  const std::vector<c10::IValue> values = recordedInputs(inputs, outputs);
   range_.before(
       std::string_view(title_), &values, static_cast<int64_t>(info.seq));
 }
