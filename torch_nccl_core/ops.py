@@ -18,6 +18,7 @@ may be smaller than this rank's.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -30,11 +31,20 @@ __all__ = ["put_signal", "signal", "wait_signal"]
 
 def _keep_in_order() -> None:
     """Registers the ops as effectful: torch.compile threads an effect token through them, so it
-    neither drops nor reorders them (their only outputs are on other ranks, or a copy)."""
-    from torch._higher_order_ops.effects import _EffectType, _register_effectful_op
+    neither drops nor reorders them (their only outputs are on other ranks, or a copy). A private
+    torch API: where a torch release lacks it, the package still imports, and says what is lost."""
+    try:
+        from torch._higher_order_ops.effects import _EffectType, _register_effectful_op
 
-    for name in ("put_signal", "signal", "wait_signal"):
-        _register_effectful_op(getattr(torch.ops.nccl_core, name).default, _EffectType.ORDERED)
+        for name in ("put_signal", "signal", "wait_signal"):
+            op = getattr(torch.ops.nccl_core, name).default
+            _register_effectful_op(op, _EffectType.ORDERED)
+    except (ImportError, AttributeError, TypeError) as e:
+        warnings.warn(
+            f"torch_nccl_core: torch.ops.nccl_core's one-sided ops could not be registered as "
+            f"effectful ({e}); torch.compile may drop or reorder them",
+            stacklevel=2,
+        )
 
 
 _keep_in_order()

@@ -13,6 +13,7 @@
 #include "nccl/api.h"
 #include "nccl/dev_comm.h"
 #include "nccl/errors.h"
+#include "nccl/stream_ordered_free.h"
 #include "nccl/version.h"
 #include "nccl/window_pointers.h"
 
@@ -624,6 +625,12 @@ SignalWindow& Communicator::signals() {
 }
 
 ncclWindow_t Communicator::windowRegister(void* ptr, size_t bytes, int flags) {
+  // Windows this thread freed go first, their streams waited for: NCCL
+  // places each window of a communicator in a space of its own by first fit
+  // and binds multicast (NVLS) memory at that place, which must be the same
+  // on every rank, so every rank's windows must come and go in the same
+  // order. A free is in program order; a deferred release would not be.
+  freeFinished(/*wait=*/true);
   DeviceGuard guard(*api_, device_);
   ncclWindow_t window = nullptr;
   ncclResult_t result = ncclSuccess;

@@ -104,10 +104,13 @@ bool recordOnStreams(Pending& entry) {
     if (!done(cudaEventCreateWithFlags(&event, cudaEventDisableTiming))) {
       return false;
     }
-    entry.events.push_back(event);
     if (!done(cudaEventRecord(event, stream))) {
-      return false;
+      // A stream destroyed since it put through a window holds nothing more
+      // to wait for; the others still count.
+      C10_CUDA_CHECK_WARN(cudaEventDestroy(event));
+      continue;
     }
+    entry.events.push_back(event);
   }
   entry.unrecorded.erase(still, entry.unrecorded.end());
   return true;

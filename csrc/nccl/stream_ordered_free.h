@@ -14,11 +14,13 @@ namespace nccl_core {
 // Frees `ptr` (ncclMemAlloc memory on `device`) once `streams`, and the
 // streams that put through a window over it (noteWindowUse), finished what
 // they hold now: at once where they are idle, else at this thread's next
-// allocation or free of NCCL memory or op of a group, or when it exits; the
-// host never waits here. A stream capturing now is waited for from the end of
-// its capture. Its windows close when it goes (NCCL deregisters a window
-// locally; peers keep their mappings of this rank's memory, which CUDA keeps
-// alive until they unmap it). Memory this package's kernels use from any
+// allocation or free of NCCL memory or op of a group, or when it exits, and at
+// the latest before its next window registration (waiting for the streams
+// then: every rank's windows must come and go in one order); the host never
+// waits here. A stream capturing now is waited for from the end of its
+// capture. Its windows close when it goes (NCCL deregisters a window locally;
+// peers keep their mappings of this rank's memory, which CUDA keeps alive
+// until they unmap it). Memory this package's kernels use from any
 // stream (markDeviceWide) goes at once, after a device-wide synchronize.
 // `mayReleaseGil`: no lock of torch's is held, so that wait may let go of
 // Python's GIL.

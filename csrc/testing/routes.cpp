@@ -190,6 +190,21 @@ void bindRoutes(py::module_& testing) {
       py::arg("flags"),
       py::arg("parts") = py::none(),
       py::call_guard<py::gil_scoped_release>());
+  testing.def(
+      "window_layout_conflict",
+      [](const std::vector<
+             std::tuple<uint64_t, uint64_t, uint64_t, int64_t, bool>>& parts,
+         bool ownSizes) {
+        WindowLayout layout;
+        for (const auto& [allocation, offset, bytes, flags, refused] : parts) {
+          layout.push_back({allocation, offset, bytes, flags, refused});
+        }
+        return layoutConflict(layout, ownSizes);
+      },
+      py::arg("parts"),
+      py::arg("own_sizes"),
+      "Why NCCL could not serve these parts (allocation bytes, offset, "
+      "bytes, flags, refused; by rank) as one window; None where it could.");
 }
 
 } // namespace nccl_core

@@ -5,6 +5,7 @@ refused before NCCL is asked; a window keeps every rank's part, which puts are b
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -61,3 +62,28 @@ def test_allocations_of_different_sizes_by_nccl_version(fake, comm, memory):
 def test_same_offsets_inside_allocations_are_accepted(fake, comm, memory):
     window = testing.register_window(comm, memory, 0, parts=[(4 * MiB, 2 * MiB)] * 2)
     assert window is not None and window.size == NBYTES
+
+
+MINE = (2 * MiB, 0, NBYTES, 0, False)  # allocation bytes, offset, bytes, flags, refused
+
+
+@pytest.mark.parametrize(
+    ("other", "own_sizes", "match"),
+    [
+        ((2 * MiB, 0, NBYTES // 2, 0, False), False, None),  # a part of another size
+        ((2 * MiB, 4096, NBYTES, 0, False), True, r"rank 1's part starts 4096 bytes into"),
+        ((2 * MiB, 0, NBYTES, 1, False), True, r"rank 1 asked for window flags 1 and rank 0"),
+        ((6 * MiB, 0, NBYTES, 0, False), False, r"rank 1's part lies in an NCCL allocation"),
+        ((6 * MiB, 0, NBYTES, 0, False), True, None),  # NCCL >= 2.30.7 maps each rank's size
+        ((0, 0, 0, 0, True), True, r"rank 1 refused its part of the window"),
+    ],
+    ids=["sizes", "offsets", "flags", "allocations_old", "allocations_new", "refused"],
+)
+def test_layout_rules(other, own_sizes, match):
+    """Each rule on its own, whatever NCCL this process loaded; the first rank that differs from
+    rank 0 is named."""
+    conflict = testing.window_layout_conflict([MINE, other, MINE], own_sizes)
+    if match is None:
+        assert conflict is None
+    else:
+        assert conflict is not None and re.search(match, conflict), conflict

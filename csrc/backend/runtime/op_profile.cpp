@@ -21,7 +21,9 @@ int64_t elements(const std::vector<at::Tensor>& tensors) {
 
 // What ProcessGroupNCCL's Work records as the range's inputs: the op's input
 // tensors (an in-place op's tensor), complex ones as the real views NCCL
-// moves, so that the profiler shows the shapes torch's tests expect.
+// moves, so that the profiler shows the shapes torch's tests expect (a
+// conjugated one as it is: it has no real view, and recording must not
+// raise on one rank only).
 std::vector<c10::IValue> recordedInputs(
     const std::vector<at::Tensor>& inputs,
     const std::vector<at::Tensor>& outputs) {
@@ -30,7 +32,8 @@ std::vector<c10::IValue> recordedInputs(
   values.reserve(tensors.size());
   for (const at::Tensor& tensor : tensors) {
     values.emplace_back(
-        tensor.is_complex() ? at::view_as_real(tensor) : tensor);
+        tensor.is_complex() && !tensor.is_conj() ? at::view_as_real(tensor)
+                                                 : tensor);
   }
   return values;
 }
