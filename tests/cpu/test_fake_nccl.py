@@ -105,8 +105,12 @@ def test_abort_never_frees_the_communicator_under_a_call(fake, blocking):
     assert not thread.is_alive()
     assert isinstance(outcome.get("error"), dist.DistBackendError), outcome
     assert "group 'g' was aborted" in str(outcome["error"])
-    # The parent, and in the blocking case the child the split made meanwhile.
-    assert fake.calls("ncclCommAbort") == (2 if blocking else 1)
+    # The parent, and in the blocking case the child the split made meanwhile. A nonblocking
+    # split's child exists only if a poll that began before the abort reached NCCL after the
+    # release (a preempted settling thread, seen once on a busy 2-core CI machine): it is then
+    # aborted at once too. Either way none outlives the test (the fixture counts them).
+    aborts = fake.calls("ncclCommAbort")
+    assert (aborts == 2) if blocking else (aborts in (1, 2)), aborts
 
 
 def test_abort_is_immediate_and_idempotent(fake):
