@@ -165,6 +165,10 @@ peerPointer(const Window& window, int peer, size_t offset) {
 std::optional<uintptr_t> multimemPointer(const Window& window, size_t offset) {
   const std::shared_ptr<Communicator> comm =
       ownerOf(window, "multimem_pointer");
+  // A multicast store reaches every rank's part at `offset`.
+  for (int rank = 0; rank < comm->size(); ++rank) {
+    checkOffset(window, rank, offset, "multimem_pointer");
+  }
   const auto query = comm->api().getLsaMultimemDevicePointer;
   if (!query) {
     refuseOldRuntime("multimem_pointer");

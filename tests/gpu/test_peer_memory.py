@@ -129,18 +129,20 @@ def test_parts_inside_larger_allocations_take_puts_at_their_place(rank, windows)
 @needs_ranks(2)  # the peer's part is smaller
 def test_peer_pointers_are_bounded_by_the_peers_part(rank, windows):
     """Was: bounded by this rank's part, so an offset past the end of a smaller peer part got a
-    pointer outside it."""
+    pointer outside it. A multicast address reaches every part: bounded by the smallest."""
     memory = torch_nccl_core.empty((4 if rank == 0 else 2) * NUMEL)
     comm = torch_nccl_core.communicator()
     window = comm.register_window(memory)
     peer = 1 if rank == 0 else 0
     past_peer = raised_by(lambda: window.peer_pointer(peer, 3 * NUMEL * 4))
     inside_peer = raised_by(lambda: window.peer_pointer(peer, NUMEL * 4))
+    past_multicast = raised_by(lambda: window.multimem_pointer(3 * NUMEL * 4))
     dist.barrier()
     window.close()
     if rank == 0:  # beyond rank 1's 2 * NUMEL floats, inside rank 0's own 4 * NUMEL
         assert_raised(past_peer, ValueError, r"past the end of rank 1's part \(32768 bytes\)")
     assert inside_peer is None, inside_peer
+    assert_raised(past_multicast, ValueError, r"past the end of rank 1's part \(32768 bytes\)")
 
 
 BUSY_CYCLES = 2_000_000_000  # torch.cuda._sleep: about a second at an H200's clock

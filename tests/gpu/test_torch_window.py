@@ -131,6 +131,29 @@ def test_window_refuses_bad_input_and_stays_usable(rank, world_size, device, win
 
 
 @pytest.mark.timeout(90, method="thread")
+def test_a_cpu_tensor_on_one_rank_is_refused_on_every_rank(rank, world_size, windows):
+    """tensor_register is collective: rank 0's CPU tensor is refused within the exchange every
+    rank joins, so the others raise at once too rather than waiting out the timeout; a window
+    registered next works."""
+    good = torch_nccl_core.empty(NUMEL)
+    window = dist.distributed_c10d._new_window()
+    start = time.monotonic()
+    error = raised_by(lambda: window.tensor_register(good.cpu() if rank == 0 else good))
+    elapsed = time.monotonic() - start
+    buf, usable = _window()
+    peer, source = ring_peers(rank)
+    usable.put(rank_tensor(NUMEL, torch.float32, rank), peer, 0, False)
+    usable.wait_signal(source, False)
+    received = buf[:NUMEL].clone()
+    torch.cuda.synchronize()
+    dist.barrier()
+    usable.tensor_deregister()
+    assert_raised(error, ValueError, "CUDA" if rank == 0 else "rank 0 refused")
+    assert elapsed < 10.0, elapsed
+    assert_equal(received, rank_tensor(NUMEL, torch.float32, source))
+
+
+@pytest.mark.timeout(90, method="thread")
 def test_a_wait_no_signal_meets_fails_at_the_timeout_naming_it(rank, world_size, windows):
     group = dist.new_group(backend="nccl_core", timeout=timedelta(seconds=3))
     _, window = _window(group)

@@ -5,6 +5,7 @@
 #ifdef C10D_BACKEND_HAS_WINDOW
 
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDAFunctions.h>
 
 #include "backend/ops/arguments.h"
 #include "backend/routing/tensor_registration.h"
@@ -80,12 +81,16 @@ void TorchWindow::tensor_register(const at::Tensor& tensor, bool owning) {
       kOp,
       "the window already holds a tensor; call tensor_deregister first");
   backend_->refuseInsideCoalescing(kOp);
-  // A tensor that names no CUDA device is refused here; the other refusals
-  // come within the registration, which every rank joins, so that a rank's
-  // bad tensor is refused on every rank alike.
-  checkCuda(tensor, kOp, "tensor");
-  std::shared_ptr<Communicator> comm =
-      backend_->sharedCommunicator(tensor.device());
+  // Refusals come within the registration, which every rank joins, so that
+  // a rank's bad tensor (one that names no CUDA device too: the group's
+  // device then) is refused on every rank alike; a process without a GPU
+  // has no group to join.
+  if (c10::cuda::device_count() == 0) {
+    checkCuda(tensor, kOp, "tensor");
+  }
+  std::shared_ptr<Communicator> comm = backend_->sharedCommunicator(
+      tensor.is_cuda() ? std::optional<at::Device>(tensor.device())
+                       : std::nullopt);
   std::shared_ptr<nccl_core::Window> window =
       registerTensorWindow(*comm, tensor, NCCL_WIN_DEFAULT);
   NCCL_CORE_CHECK_SUPPORTED(window != nullptr, kOp, noWindowReason(*comm));
