@@ -7,8 +7,10 @@ Run from the repository root (it starts torchrun itself):
         --run "no-fr=nccl_core TORCH_FR_BUFFER_SIZE=0" --run "no-nccl=nccl_core --noop-nccl" \\
         -- --ops all_reduce,all_gather_into_tensor --max-bytes 64K
 
-Each ``--run LABEL=BACKEND [NAME=VALUE ...] [--flag ...]`` is one ``benchmarks.collectives`` run
-of that backend alone (default group gloo, so no other backend is set up in its processes), with
+Each ``--run LABEL=BACKEND [NAME=VALUE ...] [--flag ...]`` is one run of ``--module`` (default
+``benchmarks.collectives``; ``benchmarks.decode`` too: any driver that takes ``--backends``,
+``--init-backend`` and ``--out`` and writes OUT/<name>.csv and OUT/<name>.md) with that backend
+alone (default group gloo, so no other backend is set up in its processes), with
 those environment variables and extra flags; arguments after ``--`` go to every run. Every repeat
 runs each label once, the order rotating from repeat to repeat (A B C, B C A, ...), so that slow
 drift of the machine spreads over all of them.
@@ -83,6 +85,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         required=True,
         help="LABEL=BACKEND [NAME=VALUE ...] [--flag ...]",
     )
+    p.add_argument(
+        "--module",
+        default="benchmarks.collectives",
+        help="the driver each run starts (default benchmarks.collectives)",
+    )
     p.add_argument("--nproc", type=int, default=2, help="processes per run (default 2)")
     p.add_argument("--repeats", type=int, default=5, help="runs of every label (default 5)")
     p.add_argument("--baseline", help="label the times are compared with (default: the first)")
@@ -117,7 +124,7 @@ def run_once(args, run: Run, repeat: int, passthrough: list[str]) -> list[dict]:
     # torchrun, whose ranks take hosts of their own where they outnumber the GPUs.
     command = [
         sys.executable, "-m", "torch_nccl_core.launch", f"--nproc-per-node={args.nproc}",
-        "-m", "benchmarks.collectives", "--backends", run.backend, "--init-backend", "gloo",
+        "-m", args.module, "--backends", run.backend, "--init-backend", "gloo",
         "--out", str(out), *run.flags, *passthrough,
     ]  # fmt: skip
     print(f"repeat {repeat} {run.label}: {describe(run)}", flush=True)
@@ -129,8 +136,13 @@ def run_once(args, run: Run, repeat: int, passthrough: list[str]) -> list[dict]:
     if result.returncode != 0:
         print(f"run {run.label} (repeat {repeat}) failed: see {log}", flush=True)
         return []
-    with (out / "collectives.csv").open() as f:
+    with (out / f"{report_name(args)}.csv").open() as f:
         return [{**row, "label": run.label, "repeat": repeat} for row in csv.DictReader(f)]
+
+
+def report_name(args) -> str:
+    """The name of the driver's own reports: benchmarks.decode writes decode.csv, decode.md."""
+    return args.module.rpartition(".")[2]
 
 
 def by_case(rows: list[dict]) -> dict[tuple[str, str, int], dict[str, dict[int, dict]]]:
@@ -182,7 +194,8 @@ ENVIRONMENT = ("- date", "- torch", "- NCCL", "- device")
 
 def run_environment(args, rows: list[dict]) -> list[str]:
     """The environment lines of the first run's own report (benchmarks/report.py)."""
-    first = Path(args.out) / "runs" / f"r{rows[0]['repeat']}-{rows[0]['label']}" / "collectives.md"
+    run = f"r{rows[0]['repeat']}-{rows[0]['label']}"
+    first = Path(args.out) / "runs" / run / f"{report_name(args)}.md"
     return [line for line in first.read_text().splitlines() if line.startswith(ENVIRONMENT)]
 
 
@@ -203,10 +216,10 @@ def markdown(args, rows: list[dict], passthrough: list[str]) -> str:
         *run_environment(args, rows),
         f"- {args.repeats} repeats of every run, {args.nproc} processes each; run order rotating",
         *(f"- `{r.label}`: `{describe(r)}`" for r in args.runs),
-        f"- collectives arguments: `{shlex.join(passthrough)}`",
+        f"- `{args.module}` arguments: `{shlex.join(passthrough)}`",
         "- time, host: median over the repeats of each run's time per call and median host time "
-        "of one call (benchmarks/collectives.py); ratios and differences: median over the repeats "
-        "of the per-repeat value, [range]",
+        "of one call (as the driver measures them); ratios and differences: median over the "
+        "repeats of the per-repeat value, [range]",
     ]
     table = by_case(rows)
     for variant in dict.fromkeys(key[0] for key in table):

@@ -73,6 +73,7 @@ NcclCoreBackend::NcclCoreBackend(
           options_->registersCachingAllocator() &&
           trackCachingAllocatorSegments()) {
   options_->validate();
+  options_->allReduceKernelsSetting(); // its environment variable too
   if (FlightRecorder::process().enabled()) {
     // First of the abort hooks: the dump shows the group as it failed.
     hooks_->abort.add(
@@ -218,13 +219,16 @@ void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
   const bool upgradesWindows =
       options_->upgradesWindows() && comm_->size() > 1 &&
       hasFeature(Feature::WindowRegistration) && everyPeerLoadStore(*comm_);
+  // Collective (engines make their staging with the communicator): before
+  // the locks too.
+  Engines engines = makeEngines(*comm_, *events_, *options_);
   std::lock_guard<std::mutex> lock(initMutex_);
   // Read under the lock that setTimeout takes: neither misses a new timeout.
   std::lock_guard<std::mutex> timeoutLock(timeoutMutex_);
   routes_ = CommRoutes::attach(
       comm_,
       AutoRegistration{autoRegister_, registersSegments_, upgradesWindows},
-      makeEngines(*comm_, *events_, *options_));
+      std::move(engines));
   routes_->setTimeout(timeout_.load());
   watchdog_ = std::make_unique<Watchdog>(
       WatchedGroup{

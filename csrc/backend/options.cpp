@@ -3,6 +3,8 @@
 #include <c10/util/Exception.h>
 #include <c10/util/env.h>
 
+#include <utility>
+
 #include "nccl/errors.h"
 
 namespace nccl_core {
@@ -30,9 +32,37 @@ const CtaPolicy* ctaPolicyNamed(const std::string& name) {
   return nullptr;
 }
 
+constexpr std::pair<const char*, AllReduceKernels> kAllReduceKernels[] = {
+    {"auto", AllReduceKernels::Auto},
+    {"off", AllReduceKernels::Off},
+    {"one_shot", AllReduceKernels::OneShot},
+    {"two_shot", AllReduceKernels::TwoShot}};
+
 } // namespace
 
+AllReduceKernels NcclCoreOptions::allReduceKernelsSetting() const {
+  const std::string name = allReduceKernels.value_or(
+      c10::utils::get_env("TORCH_NCCL_CORE_ALL_REDUCE_KERNELS")
+          .value_or("off"));
+  for (const auto& [known, setting] : kAllReduceKernels) {
+    if (name == known) {
+      return setting;
+    }
+  }
+  NCCL_CORE_CHECK_ARG(
+      false,
+      "Options",
+      "all_reduce_kernels (or TORCH_NCCL_CORE_ALL_REDUCE_KERNELS) must be "
+      "'auto', 'off', 'one_shot' or 'two_shot', got '",
+      name,
+      "'");
+  return AllReduceKernels::Auto;
+}
+
 void NcclCoreOptions::validate() const {
+  if (allReduceKernels) {
+    allReduceKernelsSetting();
+  }
   if (ctaPolicy) {
     NCCL_CORE_CHECK_ARG(
         ctaPolicyNamed(*ctaPolicy) != nullptr,

@@ -12,6 +12,9 @@
 
 namespace nccl_core {
 
+// The values of NcclCoreOptions::allReduceKernels.
+enum class AllReduceKernels { Auto, Off, OneShot, TwoShot };
+
 struct NcclCoreOptions {
   // Unset: the timeout torch.distributed passes when it creates the group.
   std::optional<std::chrono::milliseconds> timeout;
@@ -28,11 +31,16 @@ struct NcclCoreOptions {
   // reachable: unset = from the measured size up, true = at every size,
   // false = never (backend/engines/copy_engine_reduce_scatter.h).
   std::optional<bool> copyEngineReduceScatter;
-  // All-reduce of up to 256 KiB through the one-shot kernel where every peer
-  // is load/store reachable: unset = TORCH_NCCL_CORE_ONE_SHOT_ALL_REDUCE
-  // (default off: its crossover with NCCL is still to be measured on 2+
-  // GPUs), true = on, false = never (backend/engines/one_shot_all_reduce.h).
-  std::optional<bool> oneShotAllReduce;
+  // All-reduce through the package's one-shot and two-shot kernels where
+  // every peer is load/store reachable (backend/engines/
+  // load_store_all_reduce.h): "auto" (at the sizes where they were measured
+  // faster than NCCL at the group's size), "off", "one_shot" or "two_shot"
+  // (that kernel at every size its staging holds); unset =
+  // TORCH_NCCL_CORE_ALL_REDUCE_KERNELS, "off" if that is unset too: a graph
+  // replayed after its group's teardown would still reach the freed staging,
+  // and a group whose small all-reduces never reach NCCL meets NCCL's lazy
+  // connection setup at its first large one (docs/performance.md).
+  std::optional<std::string> allReduceKernels;
   // Ops on ordinary tensors register the segment of torch's caching
   // allocator they lie in, on first use, and torch's free of the segment
   // drops it: unset = TORCH_NCCL_CORE_REGISTER_ALLOCATOR (default off: on 2
@@ -58,6 +66,9 @@ struct NcclCoreOptions {
   bool registersCachingAllocator() const;
   // Whether windowUpgrade is on, likewise.
   bool upgradesWindows() const;
+  // allReduceKernels, the environment deciding where it is unset; raises
+  // ValueError for a name it does not know.
+  AllReduceKernels allReduceKernelsSetting() const;
 
   // Raises ValueError for out-of-range values.
   void validate() const;

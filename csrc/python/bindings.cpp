@@ -6,6 +6,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend/backend.h"
+#include "backend/engines/load_store_all_reduce.h"
 #include "backend/ops/arguments.h"
 #include "backend/runtime/flight_recorder.h"
 #include "nccl/blocking_wait.h"
@@ -56,8 +57,8 @@ std::string repr(const NcclCoreOptions& o) {
       optStr(o.commName),
       ", copy_engine_reduce_scatter=",
       opt(o.copyEngineReduceScatter),
-      ", one_shot_all_reduce=",
-      opt(o.oneShotAllReduce),
+      ", all_reduce_kernels=",
+      optStr(o.allReduceKernels),
       ", register_caching_allocator=",
       opt(o.registerCachingAllocator),
       ", window_upgrade=",
@@ -81,12 +82,15 @@ bounded by the timeout and abortable.
 engine where every peer is load/store reachable; ``None`` from 32 MiB of
 output (where it was measured faster), ``True`` at every size, ``False``
 never.
-``one_shot_all_reduce``: ``all_reduce`` of up to 256 KiB in one kernel of
-this package's own where every peer is load/store reachable (sum, product,
-min, max, avg; floating and integer dtypes; anything else goes to NCCL);
-``None`` follows ``TORCH_NCCL_CORE_ONE_SHOT_ALL_REDUCE`` (default off until
-its crossover with NCCL is measured on 2+ GPUs), ``True`` on, ``False``
-never.
+``all_reduce_kernels``: ``all_reduce`` in one kernel of this package's own
+(one-shot or two-shot) where every peer is load/store reachable (sum,
+product, min, max, avg; floating and integer dtypes; anything else goes to
+NCCL): ``'auto'`` at the sizes where they were measured faster than NCCL at
+the group's size, eagerly and in CUDA graphs (docs/performance.md),
+``'off'`` never, ``'one_shot'`` or ``'two_shot'`` that kernel up to 8 MiB;
+``None`` follows ``TORCH_NCCL_CORE_ALL_REDUCE_KERNELS`` (default ``'off'``
+until two teardown faults are mended, docs/performance.md). On, every group
+holds 8 MiB of staging per rank, made with its communicator.
 ``register_caching_allocator``: ops on ordinary tensors register the segment
 of torch's caching allocator they lie in with NCCL on first use, and torch's
 free of the segment drops it; ``None`` follows
@@ -113,7 +117,7 @@ within a node, and across nodes from NCCL 2.30.7); ``None`` keeps NCCL's.)")
                       std::optional<bool> splitShare,
                       std::optional<std::string> commName,
                       std::optional<bool> copyEngineReduceScatter,
-                      std::optional<bool> oneShotAllReduce,
+                      std::optional<std::string> allReduceKernels,
                       std::optional<bool> registerCachingAllocator,
                       std::optional<bool> windowUpgrade,
                       std::optional<std::string> ctaPolicy) {
@@ -128,7 +132,7 @@ within a node, and across nodes from NCCL 2.30.7); ``None`` keeps NCCL's.)")
             o->splitShare = splitShare;
             o->commName = std::move(commName);
             o->copyEngineReduceScatter = copyEngineReduceScatter;
-            o->oneShotAllReduce = oneShotAllReduce;
+            o->allReduceKernels = std::move(allReduceKernels);
             o->registerCachingAllocator = registerCachingAllocator;
             o->windowUpgrade = windowUpgrade;
             o->ctaPolicy = std::move(ctaPolicy);
@@ -146,7 +150,7 @@ within a node, and across nodes from NCCL 2.30.7); ``None`` keeps NCCL's.)")
           py::arg("split_share") = py::none(),
           py::arg("comm_name") = py::none(),
           py::arg("copy_engine_reduce_scatter") = py::none(),
-          py::arg("one_shot_all_reduce") = py::none(),
+          py::arg("all_reduce_kernels") = py::none(),
           py::arg("register_caching_allocator") = py::none(),
           py::arg("window_upgrade") = py::none(),
           py::arg("cta_policy") = py::none())
@@ -163,7 +167,7 @@ within a node, and across nodes from NCCL 2.30.7); ``None`` keeps NCCL's.)")
       .def_readwrite(
           "copy_engine_reduce_scatter",
           &NcclCoreOptions::copyEngineReduceScatter)
-      .def_readwrite("one_shot_all_reduce", &NcclCoreOptions::oneShotAllReduce)
+      .def_readwrite("all_reduce_kernels", &NcclCoreOptions::allReduceKernels)
       .def_readwrite(
           "register_caching_allocator",
           &NcclCoreOptions::registerCachingAllocator)
@@ -421,6 +425,25 @@ PYBIND11_MODULE(_C, m) {
       "features",
       &featureMap,
       "What the loaded NCCL supports, by feature name.");
+  m.def(
+      "_all_reduce_kernel",
+      [](int ranks,
+         size_t bytes,
+         bool capturing) -> std::optional<std::string> {
+        const auto kernel =
+            AllReduceKernelChoice::of(AllReduceKernels::Auto, ranks, capturing)
+                .kernelFor(bytes);
+        if (!kernel) {
+          return std::nullopt;
+        }
+        return *kernel == AllReduceKernel::OneShot ? "one_shot" : "two_shot";
+      },
+      py::arg("ranks"),
+      py::arg("bytes"),
+      py::arg("capturing"),
+      "The kernel Options(all_reduce_kernels='auto') gives an all_reduce of "
+      "`bytes` in a group of `ranks` where every peer is load/store reachable "
+      "('one_shot', 'two_shot'), or None (NCCL): the measured table.");
   m.def(
       "dump_flight_recorder",
       [](bool onlyActive) {

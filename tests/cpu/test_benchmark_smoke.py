@@ -64,7 +64,8 @@ def test_interleaved_runs_each_backend_apart_and_pairs_the_repeats(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "driver", ["collectives", "interleaved", "registration_latency", "reduce_scatter_crossover"]
+    "driver",
+    ["collectives", "decode", "interleaved", "registration_latency", "reduce_scatter_crossover"],
 )
 def test_driver_imports_and_parses(driver):
     """Every driver, GPU-only ones included, imports and answers --help as a module."""
@@ -72,6 +73,24 @@ def test_driver_imports_and_parses(driver):
     result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith("usage:")
+
+
+def test_decode_measures_a_decode_steps_sizes(tmp_path):
+    """The decode driver's all_reduces: the small sizes, then [tokens, hidden] in bf16; one
+    backend per run, which interleaved names as --module."""
+    from benchmarks import decode, interleaved
+
+    out = str(tmp_path)
+    args = decode.parse_args(["--backends", "nccl_core", "--out", out, "--tokens", "1,512"])
+    got = [n * 2 for _, n in decode.sizes(args)]
+    assert got == [8, 64, 512, 4096, 8192, 4 << 20, 16384, 8 << 20]
+    assert decode.sizes(args)[4][0] == "all_reduce h4096"
+    with pytest.raises(SystemExit):
+        decode.parse_args(["--backends", "nccl,nccl_core", "--out", str(tmp_path)])
+    found, _ = interleaved.parse_args(
+        ["--module", "benchmarks.decode", "--run", "b=nccl", "--out", str(tmp_path)]
+    )
+    assert interleaved.report_name(found) == "decode"
 
 
 def test_variant_ratio_pairs_the_repeats():

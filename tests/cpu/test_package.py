@@ -60,7 +60,7 @@ def test_options_defaults_and_round_trip():
     o = torch_nccl_core.Options()
     assert o.timeout is None and o.blocking is None and o.comm_name is None
     assert o.high_priority_stream is False and o.copy_engine_reduce_scatter is None
-    assert o.one_shot_all_reduce is None and o.register_caching_allocator is None
+    assert o.all_reduce_kernels is None and o.register_caching_allocator is None
     o = torch_nccl_core.Options(
         timeout=datetime.timedelta(seconds=7),
         high_priority_stream=True,
@@ -72,7 +72,7 @@ def test_options_defaults_and_round_trip():
         split_share=True,
         comm_name="trainer",
         copy_engine_reduce_scatter=False,
-        one_shot_all_reduce=True,
+        all_reduce_kernels="two_shot",
         register_caching_allocator=True,
         cta_policy="efficiency",
     )
@@ -81,7 +81,7 @@ def test_options_defaults_and_round_trip():
     assert (o.net_name, o.split_share, o.comm_name) == ("Socket", True, "trainer")
     assert o.copy_engine_reduce_scatter is False
     assert "copy_engine_reduce_scatter=False" in repr(o)
-    assert o.one_shot_all_reduce is True and "one_shot_all_reduce=True" in repr(o)
+    assert o.all_reduce_kernels == "two_shot" and "all_reduce_kernels='two_shot'" in repr(o)
     assert o.register_caching_allocator is True
     assert "register_caching_allocator=True" in repr(o)
     assert o.cta_policy == "efficiency" and "cta_policy='efficiency'" in repr(o)
@@ -97,11 +97,45 @@ def test_options_defaults_and_round_trip():
         ({"cga_cluster_size": 9}, "cga_cluster_size must be in"),
         ({"timeout": datetime.timedelta(seconds=-1)}, "timeout must be positive"),
         ({"cta_policy": "fast"}, "cta_policy must be 'default', 'efficiency' or 'zero'"),
+        ({"all_reduce_kernels": "three_shot"}, "all_reduce_kernels .* must be 'auto', 'off'"),
     ],
 )
 def test_options_reject_out_of_range(kwargs, message):
     with pytest.raises(ValueError, match=message):
         torch_nccl_core.Options(**kwargs)
+
+
+def test_a_bad_all_reduce_kernels_environment_fails_the_group(monkeypatch, tmp_path):
+    """TORCH_NCCL_CORE_ALL_REDUCE_KERNELS is read where Options leave it unset: a name it does
+    not know raises at the group's creation, naming the variable."""
+    monkeypatch.setenv("TORCH_NCCL_CORE_ALL_REDUCE_KERNELS", "fastest")
+    torch_nccl_core.Options()  # the variable is the group's business, not the options'
+    store = dist.FileStore(os.fspath(tmp_path / "store"), 1)
+    timeout = datetime.timedelta(seconds=5)
+
+    def backend(**options):
+        return _C.NcclCoreBackend(store, 0, 1, "g", torch_nccl_core.Options(**options), timeout)
+
+    with pytest.raises(ValueError, match=r"TORCH_NCCL_CORE_ALL_REDUCE_KERNELS.*'fastest'"):
+        backend()
+    backend(all_reduce_kernels="off").shutdown()  # the option decides where it is set
+
+
+@pytest.mark.parametrize("capturing", [False, True])
+def test_the_all_reduce_table_goes_one_shot_two_shot_nccl(capturing):
+    """The measured table, at each world size it holds: one-shot for the smallest sizes, then
+    (maybe) two-shot, then NCCL, each a contiguous range; other world sizes all NCCL."""
+    sizes = [1 << k for k in range(3, 25)]
+    for ranks in range(2, 9):
+        got = [_C._all_reduce_kernel(ranks, b, capturing) for b in sizes]
+        order = [k for i, k in enumerate(got) if i == 0 or k != got[i - 1]]
+        assert order in (
+            ["one_shot", "two_shot", None],
+            ["one_shot", None],
+            ["two_shot", None],
+            [None],
+        ), (ranks, order)
+        assert got[-1] is None  # 16 MiB: past the staging
 
 
 def test_nonblocking_communicators_are_accepted():

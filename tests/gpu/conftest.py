@@ -32,6 +32,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import torch_nccl_core
+
 from .helpers import WORLD_SIZE, local_device, owned_group, window_refusal
 
 GPU_DIR = pathlib.Path(__file__).resolve().parent
@@ -211,8 +213,12 @@ def windows(_distributed) -> None:
 def fresh_group(_distributed) -> Iterator[dist.ProcessGroup]:
     """A new nccl_core group over every rank, destroyed after the test.
 
-    Its resource counts start from zero, and its timeout is short: a call the backend wrongly
-    accepts (a receive nobody sends to) hangs only this group, and the watchdog turns that into
-    an error within seconds instead of stalling the rest of the suite.
+    Its resource counts start from zero, NCCL runs all its all_reduces (the package's kernels,
+    which would take the small ones, are off: these tests watch what NCCL registers), and its
+    timeout is short: a call the backend wrongly accepts (a receive nobody sends to) hangs only
+    this group, and the watchdog turns that into an error within seconds instead of stalling the
+    rest of the suite.
     """
-    yield from owned_group(dist.new_group(backend="nccl_core", timeout=timedelta(seconds=10)))
+    options = torch_nccl_core.Options(all_reduce_kernels="off")
+    group = dist.new_group(backend="nccl_core", timeout=timedelta(seconds=10), pg_options=options)
+    yield from owned_group(group)

@@ -232,14 +232,14 @@ def reinit_after_failure(job_store) -> dict:
 
 
 def one_shot_peer_silent(job_store) -> dict:
-    """Rank 1 skips a one-shot all_reduce (Options.one_shot_all_reduce): rank 0's kernel waits
+    """Rank 1 skips a one-shot all_reduce (Options.all_reduce_kernels): rank 0's kernel waits
     for it at the ranks' meeting until the watchdog times the op out and aborts the
     communicator, which ends the wait; the op fails naming itself, and destroy returns."""
     init(job_store)
     group = dist.new_group(
         backend="nccl_core",
         timeout=timedelta(seconds=3.0),
-        pg_options=torch_nccl_core.Options(one_shot_all_reduce=True),
+        pg_options=torch_nccl_core.Options(all_reduce_kernels="one_shot"),
     )
     comm = torch_nccl_core.communicator(group)
     t = torch.full((1024,), 1.0 + RANK, device=DEVICE)

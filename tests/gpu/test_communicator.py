@@ -299,8 +299,9 @@ def test_window_register_close_cycles_leak_nothing(rank, world_size, windows):
 @pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter"])
 def test_ops_on_windows_avoid_slow_symmetric_kernels(rank, world_size, op, windows):
     """Sizes where the ring beats NCCL's symmetric kernels run on the window-free twin. (The
-    group's copy engine is off: it would take the large reduce-scatter from both.)"""
-    options = torch_nccl_core.Options(copy_engine_reduce_scatter=False)
+    group's copy engine and all-reduce kernels are off: they would take the large reduce-scatter
+    and the small all-reduces from both.)"""
+    options = torch_nccl_core.Options(copy_engine_reduce_scatter=False, all_reduce_kernels="off")
     group = dist.new_group(backend="nccl_core", pg_options=options)
 
     def window_memory(numel: int, data_rank: int | None = None) -> torch.Tensor:

@@ -38,7 +38,10 @@ def upgrading(_distributed):
     # A short timeout: a vote or window registration gone wrong ends in seconds, not a hang.
     yield from owned_group(
         new_core_group(
-            window_upgrade=True, register_caching_allocator=True, timeout=timedelta(seconds=30)
+            window_upgrade=True,
+            register_caching_allocator=True,
+            all_reduce_kernels="off",  # NCCL's all_reduces are what the upgrade is for
+            timeout=timedelta(seconds=30),
         )
     )
 

@@ -1,8 +1,6 @@
-#include <c10/util/env.h>
-
 #include "backend/engines/copy_engine_reduce_scatter.h"
 #include "backend/engines/engine.h"
-#include "backend/engines/one_shot_all_reduce.h"
+#include "backend/engines/load_store_all_reduce.h"
 
 namespace nccl_core {
 
@@ -16,10 +14,12 @@ Engines makeEngines(
         std::make_unique<CopyEngineReduceScatter>(
             comm, events, options.copyEngineReduceScatter == true));
   }
-  if (options.oneShotAllReduce.value_or(
-          c10::utils::check_env("TORCH_NCCL_CORE_ONE_SHOT_ALL_REDUCE")
-              .value_or(false))) {
-    engines.push_back(std::make_unique<OneShotAllReduce>(comm, events));
+  const AllReduceKernels allReduce = options.allReduceKernelsSetting();
+  if (AllReduceKernelChoice::of(allReduce, comm.size(), false).maxBytes() +
+          AllReduceKernelChoice::of(allReduce, comm.size(), true).maxBytes() >
+      0) {
+    engines.push_back(
+        std::make_unique<LoadStoreAllReduce>(comm, events, allReduce));
   }
   return engines;
 }
