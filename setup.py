@@ -85,12 +85,16 @@ def extension(name: str, sources: list[str], depends: list[str] = ()) -> CUDAExt
         library_dirs=[nccl_lib],
         # The exact soname torch loads, so both share one NCCL instance.
         libraries=[":libnccl.so.2"],
-        # Our code is C++17; torch picks the -std flag its headers need.
-        extra_compile_args={"cxx": ["-O2"], "nvcc": ["-O2"]},
+        # Our code is C++17; torch picks the -std flag its headers need. No debug info unless
+        # asked: Python's flags carry -g, which for torch's headers makes most of the build's
+        # time and of _C's size.
+        extra_compile_args={"cxx": ["-O2", DEBUG_INFO], "nvcc": ["-O2"]},
     )
 
 
 PRODUCT, TESTING = "torch_nccl_core._C", "torch_nccl_core._testing"
+# TORCH_NCCL_CORE_DEBUG_INFO=1: build with debug info (-g), for a debugger or sanitizer.
+DEBUG_INFO = "-g" if os.environ.get("TORCH_NCCL_CORE_DEBUG_INFO") == "1" else "-g0"
 nccl_include, nccl_lib = nccl_dirs()
 # The test doubles (csrc/testing) are an extension of their own, never part of _C.
 sources = sorted(

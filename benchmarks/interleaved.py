@@ -22,7 +22,8 @@ default the one running torch's ``fake`` backend, which communicates nothing), e
 time above that floor: what the backend and NCCL add to ``torch.distributed``'s own cost of a
 call. A ``--noop-nccl`` run of ``nccl_core``
 splits that further into the backend's share and NCCL's enqueue. With ``--modes overlap`` each
-label's matmul slowdown beside its calls is shown too (median [range] over the repeats).
+label's matmul slowdown beside its calls is shown too, and a training step's tokens/s, peak
+memory, exposed communication and loss (median [range] over the repeats).
 
 Writes OUT/interleaved.md, OUT/interleaved.csv (every run's rows with their repeat) and each run's
 own outputs under OUT/runs/.
@@ -199,6 +200,17 @@ def run_environment(args, rows: list[dict]) -> list[str]:
     return [line for line in first.read_text().splitlines() if line.startswith(ENVIRONMENT)]
 
 
+# Columns a driver may add to its rows, shown per label as median [range] over the repeats:
+# (CSV key, title, format).
+EXTRAS = (
+    ("matmul_slowdown_pct", "matmul slowdown %", ".2f"),  # collectives --modes overlap
+    ("tokens_per_s", "tokens/s", ".0f"),  # train_step
+    ("peak_mem_mb", "peak MiB", ".0f"),
+    ("exposed_comm_ms", "exposed comm ms", ".2f"),
+    ("loss", "loss", ".5f"),
+)
+
+
 def markdown(args, rows: list[dict], passthrough: list[str]) -> str:
     labels = [r.label for r in args.runs]
     base = args.baseline
@@ -208,8 +220,8 @@ def markdown(args, rows: list[dict], passthrough: list[str]) -> str:
     cols += [f"time {o}/{base}" for o in others]
     above = [label for label in labels if label != args.floor] if args.floor else []
     cols += [f"{label} host above {args.floor} us" for label in above]
-    slowdowns = any(r.get("matmul_slowdown_pct") for r in rows)
-    cols += [f"{label} matmul slowdown %" for label in labels] if slowdowns else []
+    extras = [(key, title, spec) for key, title, spec in EXTRAS if any(r.get(key) for r in rows)]
+    cols += [f"{label} {title}" for _, title, _ in extras for label in labels]
     out = [
         "# Backends in separate processes, interleaved",
         "",
@@ -234,9 +246,8 @@ def markdown(args, rows: list[dict], passthrough: list[str]) -> str:
                 cells += [median_of(by[label], key) for label in labels]
             cells += [spread(paired(by[base], by[o], time_ratio), ".3f") for o in others]
             cells += [spread(paired(by[args.floor], by[a], host_above), ".2f") for a in above]
-            if slowdowns:
-                slowdown = [values_of(by[label], "matmul_slowdown_pct") for label in labels]
-                cells += [spread(values, ".2f") for values in slowdown]
+            for key, _, spec in extras:
+                cells += [spread(values_of(by[label], key), spec) for label in labels]
             out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 

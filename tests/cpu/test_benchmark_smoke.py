@@ -65,7 +65,14 @@ def test_interleaved_runs_each_backend_apart_and_pairs_the_repeats(tmp_path):
 
 @pytest.mark.parametrize(
     "driver",
-    ["collectives", "decode", "interleaved", "registration_latency", "reduce_scatter_crossover"],
+    [
+        "collectives",
+        "decode",
+        "interleaved",
+        "registration_latency",
+        "reduce_scatter_crossover",
+        "train_step",
+    ],
 )
 def test_driver_imports_and_parses(driver):
     """Every driver, GPU-only ones included, imports and answers --help as a module."""
@@ -91,6 +98,28 @@ def test_decode_measures_a_decode_steps_sizes(tmp_path):
         ["--module", "benchmarks.decode", "--run", "b=nccl", "--out", str(tmp_path)]
     )
     assert interleaved.report_name(found) == "decode"
+
+
+def test_train_step_runs_fsdp2_and_ddp_and_reports_losses_per_label(tmp_path):
+    """The training-step driver through interleaved, tiny, on gloo without a GPU: a row per
+    (parallel, config) and label, with the same losses for two runs of the same backend (same
+    seed, same data), shown per label in the report."""
+    command = [
+        sys.executable, "-m", "benchmarks.interleaved", "--module", "benchmarks.train_step",
+        "--nproc", "2", "--repeats", "1", "--out", str(tmp_path), "--run", "a=gloo",
+        "--run", "b=gloo", "--", "--layers", "1", "--width", "32", "--heads", "2", "--vocab", "64",
+        "--seq", "8", "--steps", "2", "--warmup", "1",
+    ]  # fmt: skip
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    rows = list(csv.DictReader((tmp_path / "interleaved.csv").open()))
+    variants = {"fsdp2-comm", "fsdp2-compute", "ddp-comm", "ddp-compute"}
+    assert {(r["variant"], r["label"]) for r in rows} == {(v, x) for v in variants for x in "ab"}
+    loss = {(r["variant"], r["label"]): float(r["loss"]) for r in rows}
+    assert all(loss[(v, "a")] == loss[(v, "b")] for v in variants), loss
+    text = (tmp_path / "interleaved.md").read_text()
+    assert "a loss" in text and "b tokens/s" in text
 
 
 def test_variant_ratio_pairs_the_repeats():

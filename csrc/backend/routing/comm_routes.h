@@ -4,7 +4,7 @@
 // its abort (CommunicatorListener).
 // - The window-free twin: a second communicator over the same ranks, made
 //   (collectively) with the first symmetric window. It holds no windows, so
-//   ops that NCCL's symmetric kernels would slow down (routing.h) run there,
+//   ops that NCCL's symmetric kernels would slow down (policy.h) run there,
 //   on buffer-registered memory.
 // - The backend's engines (backend/engines/engine.h), which run an op in
 //   NCCL's place where they suit it.

@@ -14,7 +14,7 @@
 //     reported at most `span` after its timeout.
 // One caller thread notes ops (the backend's); one watchdog thread reads.
 // The event source is a parameter so that CPU tests can drive the same logic
-// with events they complete themselves (python/testing_bindings.cpp).
+// with events they complete themselves (csrc/testing/bindings.cpp).
 #pragma once
 
 #include <cuda_runtime_api.h>
