@@ -144,7 +144,7 @@ def train_step(model, optimizer, tokens: torch.Tensor, parallel: str) -> torch.T
 
 # Lower-case parts of communication kernels' names: NCCL's, the package's all-reduce kernels, and
 # the copy engine's peer copies.
-COMM_KERNELS = ("nccl", "allreducekernel", "ptop")
+COMM_KERNELS = ("nccldevkernel", "allreducekernel", "ptop")
 
 
 def exposed_comm_ms(events) -> float:

@@ -220,8 +220,21 @@ void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
       options_->upgradesWindows() && comm_->size() > 1 &&
       hasFeature(Feature::WindowRegistration) && everyPeerLoadStore(*comm_);
   // Collective (engines make their staging with the communicator): before
-  // the locks too.
-  Engines engines = makeEngines(*comm_, *events_, *options_);
+  // the locks too. A failure there fails the group, its communicator aborted
+  // first (peers may map what was made), so that no op finds it half set up.
+  Engines engines;
+  try {
+    engines = makeEngines(*comm_, *events_, *options_);
+  } catch (const std::exception& e) {
+    failure_->set(
+        c10::str(
+            "the engines of group '",
+            *groupName_,
+            "' could not be made: ",
+            e.what()));
+    comm_->abort();
+    throw;
+  }
   std::lock_guard<std::mutex> lock(initMutex_);
   // Read under the lock that setTimeout takes: neither misses a new timeout.
   std::lock_guard<std::mutex> timeoutLock(timeoutMutex_);

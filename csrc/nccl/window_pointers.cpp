@@ -165,9 +165,14 @@ peerPointer(const Window& window, int peer, size_t offset) {
 std::optional<uintptr_t> multimemPointer(const Window& window, size_t offset) {
   const std::shared_ptr<Communicator> comm =
       ownerOf(window, "multimem_pointer");
-  // A multicast store reaches every rank's part at `offset`.
-  for (int rank = 0; rank < comm->size(); ++rank) {
-    checkOffset(window, rank, offset, "multimem_pointer");
+  // A multicast store reaches every LSA team member's part at `offset`.
+  const LsaTeam team = lsaTeam(*comm);
+  for (int lsaRank = 0; lsaRank < team.size; ++lsaRank) {
+    checkOffset(
+        window,
+        comm->rank() + (lsaRank - team.rank) * team.stride,
+        offset,
+        "multimem_pointer");
   }
   const auto query = comm->api().getLsaMultimemDevicePointer;
   if (!query) {

@@ -89,8 +89,9 @@ NCCL): ``'auto'`` at the sizes where they were measured faster than NCCL at
 the group's size, eagerly and in CUDA graphs (docs/performance.md),
 ``'off'`` never, ``'one_shot'`` or ``'two_shot'`` that kernel up to 8 MiB;
 ``None`` follows ``TORCH_NCCL_CORE_ALL_REDUCE_KERNELS`` (default ``'off'``
-until two teardown faults are mended, docs/performance.md). On, every group
-holds 8 MiB of staging per rank, made with its communicator.
+until two teardown faults are mended, docs/performance.md). On, a group that
+routes any size to them holds 8 MiB of staging per rank (and its signal
+window), made with its communicator.
 ``register_caching_allocator``: ops on ordinary tensors register the segment
 of torch's caching allocator they lie in with NCCL on first use, and torch's
 free of the segment drops it; ``None`` follows

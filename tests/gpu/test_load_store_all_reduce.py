@@ -116,7 +116,7 @@ def test_without_load_store_peers_nccl_runs_it(rank, forced):
     assert any("AllReduce" in k for k in kernels), kernels
 
 
-@pytest.mark.parametrize("offset", [1, 2, 3, "by_rank"])
+@pytest.mark.parametrize("offset", [1, 3, 5, "by_rank"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.int64])
 def test_unaligned_views(rank, forced, runs_there, offset, dtype):
     """Views off a 16-byte boundary take the element-wise loop; around them stays untouched.
@@ -158,7 +158,7 @@ def test_graph_replays_reduce_new_data(rank, forced, runs_there):
     """Captured after eager ops (the staging exists), replayed 100 times, each replay with
     new data checked; two ops of different sizes in one graph."""
     small, large = 7, (1 << 20) + 3
-    _all_reduce(forced, small, torch.float32, rank)  # eager first: makes the staging
+    _all_reduce(forced, small, torch.float32, rank)  # eager traffic before the capture
     a = torch.zeros(small, device="cuda")
     b = torch.zeros(large, dtype=torch.bfloat16, device="cuda")
     stream = torch.cuda.Stream()
@@ -234,7 +234,7 @@ def test_auto_runs_each_size_where_the_table_says(rank, world_size, capturing):
     wrong = {}
     for numel in sizes:
         tensor = rank_tensor(numel, torch.bfloat16, rank)
-        dist.all_reduce(tensor, group=group)  # eager first: makes the staging
+        dist.all_reduce(tensor, group=group)  # eager traffic before the capture
         graph = torch.cuda.CUDAGraph()
         if capturing:
             stream = torch.cuda.Stream()
