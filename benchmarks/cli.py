@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from .cases import ELEM
+from .report import environment_lines, write_rows
 from .timing import rank_max
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -176,3 +177,19 @@ def finish() -> None:
     """Wait for every rank (rank 0 may still be writing), then end the default group."""
     rank_max(0.0)
     dist.destroy_process_group()
+
+
+def run_one_backend(args, measure, name: str, title: str, about: str = "") -> None:
+    """The body of a driver that measures the one backend of --backends: set up (the default group
+    of --init-backend, a group of that backend), rows = measure(args, group, device, sync), rank 0
+    writes OUT/name.csv and OUT/name.md (`about`: a line of what was run), tear down."""
+    core = import_core(args.backends)
+    device, sync = init_distributed(args)
+    (group,) = new_groups(args).values()
+    rows = measure(args, group, device, sync)
+    if dist.get_rank() == 0:
+        head = environment_lines(device, dist.get_world_size(), core)
+        head.append(f"- backend {args.backends[0]}{'; ' + about if about else ''}")
+        write_rows(args.out, name, title, head, rows)
+    dist.destroy_process_group(group)
+    finish()

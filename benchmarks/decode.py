@@ -33,13 +33,9 @@ from .cli import (
     add_backend_arguments,
     add_init_backend_argument,
     comma_list,
-    finish,
-    import_core,
-    init_distributed,
-    new_groups,
     parse_bytes,
+    run_one_backend,
 )
-from .report import environment_lines, human_bytes
 from .timing import rank_max, timed_loop
 
 DTYPE = torch.bfloat16
@@ -196,41 +192,14 @@ def layer_rows(args, group, device, sync) -> list[dict]:
     return rows
 
 
-def write(args, device, core, rows: list[dict]) -> None:
-    import csv
-    import os
-
-    os.makedirs(args.out, exist_ok=True)
-    fields = ["variant", "op", "bytes", "time_us", "host_us"]
-    with open(os.path.join(args.out, "decode.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
-    world = dist.get_world_size()
-    lines = ["# Tensor-parallel decode", "", *environment_lines(device, world, core)]
-    lines += [f"- backend {args.backends[0]}", "", "| variant | op | bytes | time us | host us |"]
-    lines += ["|---|---|---:|---:|---:|"]
-    lines += [
-        f"| {r['variant']} | {r['op']} | {human_bytes(r['bytes'])} | {r['time_us']:.2f} | "
-        f"{r['host_us']:.2f} |"
-        for r in rows
-    ]
-    with open(os.path.join(args.out, "decode.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+def measure(args, group, device, sync) -> list[dict]:
+    if device.type != "cuda":
+        raise SystemExit("benchmarks.decode needs a GPU per rank")
+    return all_reduce_rows(args, group, device, sync) + layer_rows(args, group, device, sync)
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    core = import_core(args.backends)
-    device, sync = init_distributed(args)
-    if device.type != "cuda":
-        raise SystemExit("benchmarks.decode needs a GPU per rank")
-    (group,) = new_groups(args).values()
-    rows = all_reduce_rows(args, group, device, sync) + layer_rows(args, group, device, sync)
-    if dist.get_rank() == 0:
-        write(args, device, core, rows)
-    dist.destroy_process_group(group)
-    finish()
+    run_one_backend(parse_args(argv), measure, "decode", "Tensor-parallel decode")
 
 
 if __name__ == "__main__":

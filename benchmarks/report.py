@@ -309,3 +309,22 @@ def write_latency_reports(args, device: torch.device, world: int, core, rows: li
         writer.writeheader()
         writer.writerows(rows)
     print(text)
+
+
+def write_rows(out: str, name: str, title: str, head: list[str], rows: list[dict]) -> None:
+    """OUT/name.csv (every row, its keys as columns) and OUT/name.md (a title, the lines of `head`,
+    then the rows as a table), for drivers that measure one backend per run."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{name}.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+    def cell(value) -> str:
+        return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+    lines = [f"# {title}", "", *head, "", "| " + " | ".join(rows[0]) + " |"]
+    lines += ["|" + "---|" * len(rows[0])]
+    lines += ["| " + " | ".join(cell(v) for v in row.values()) + " |" for row in rows]
+    with open(os.path.join(out, f"{name}.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")

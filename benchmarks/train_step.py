@@ -23,8 +23,6 @@ DDP: bf16 autocast, 25 MB buckets.
 from __future__ import annotations
 
 import argparse
-import csv
-import os
 import statistics
 import time
 
@@ -37,12 +35,8 @@ from .cli import (
     add_backend_arguments,
     add_init_backend_argument,
     comma_list,
-    finish,
-    import_core,
-    init_distributed,
-    new_groups,
+    run_one_backend,
 )
-from .report import environment_lines
 from .timing import rank_max
 
 CONFIGS = {"comm": 1, "compute": 8}  # sequences of --seq tokens per rank and step
@@ -220,36 +214,18 @@ def measure(args, parallel: str, config: str, group, device, sync) -> dict:
     return row
 
 
-def write(args, device, core, rows: list[dict]) -> None:
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "train_step.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    world = dist.get_world_size()
-    lines = ["# Training step", "", *environment_lines(device, world, core)]
-    lines += [f"- backend {args.backends[0]}; {args.layers} layers, width {args.width}"]
-    lines += ["", "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-    lines += ["| " + " | ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in r.values())
-              + " |" for r in rows]  # fmt: skip
-    with open(os.path.join(args.out, "train_step.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    core = import_core(args.backends)
-    device, sync = init_distributed(args)
-    (group,) = new_groups(args).values()
-    rows = [
+def measure_all(args, group, device, sync) -> list[dict]:
+    return [
         measure(args, parallel, config, group, device, sync)
         for parallel in args.parallel
         for config in args.configs
     ]
-    if dist.get_rank() == 0:
-        write(args, device, core, rows)
-    dist.destroy_process_group(group)
-    finish()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    about = f"{args.layers} layers, width {args.width}, {args.seq} tokens per sequence"
+    run_one_backend(args, measure_all, "train_step", "Training step", about)
 
 
 if __name__ == "__main__":
