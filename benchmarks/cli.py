@@ -191,5 +191,6 @@ def run_one_backend(args, measure, name: str, title: str, about: str = "") -> No
         head = environment_lines(device, dist.get_world_size(), core)
         head.append(f"- backend {args.backends[0]}{'; ' + about if about else ''}")
         write_rows(args.out, name, title, head, rows)
+    dist.barrier(group=group)  # every rank's work on the group is done before it goes
     dist.destroy_process_group(group)
     finish()

@@ -200,16 +200,12 @@ void bindGroupOptions(py::module_& m) {
           py::arg("memo"));
 }
 
-// Long, but a list: one pybind11 definition per bound name.
-void bindBackend(py::module_& m) {
-  py::class_<
-      NcclCoreBackend,
-      c10d::Backend,
-      c10::intrusive_ptr<NcclCoreBackend>>(
-      m,
-      "NcclCoreBackend",
-      "The nccl_core c10d backend of one process group (one NCCL "
-      "communicator).")
+using BackendClass = py::
+    class_<NcclCoreBackend, c10d::Backend, c10::intrusive_ptr<NcclCoreBackend>>;
+
+// How a group's backend is made: by torch.distributed, or by growing a group.
+void defineBackendMaking(BackendClass& backend) {
+  backend
       .def(
           py::init([](const c10::intrusive_ptr<c10d::Store>& store,
                       int rank,
@@ -279,7 +275,12 @@ void bindBackend(py::module_& m) {
           py::arg("timeout"),
           py::arg("device"),
           py::call_guard<py::gil_scoped_release>(),
-          "A new process's part in torch_nccl_core.grow_group.")
+          "A new process's part in torch_nccl_core.grow_group.");
+}
+
+// What a group offers Python besides its ops.
+void defineBackendApi(BackendClass& backend) {
+  backend
       .def_property_readonly(
           "nccl_options",
           [](const NcclCoreBackend& b) { return NcclCoreOptions(b.options()); },
@@ -346,6 +347,16 @@ void bindBackend(py::module_& m) {
           &NcclCoreBackend::windowFreeTwin,
           "The communicator that runs ops symmetric kernels would slow down "
           "(None before the first symmetric window).");
+}
+
+void bindBackend(py::module_& m) {
+  BackendClass backend(
+      m,
+      "NcclCoreBackend",
+      "The nccl_core c10d backend of one process group (one NCCL "
+      "communicator).");
+  defineBackendMaking(backend);
+  defineBackendApi(backend);
 }
 
 } // namespace

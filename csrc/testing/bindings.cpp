@@ -192,7 +192,8 @@ class WatchdogUnderTest {
 };
 
 // Long, but a list: one pybind11 definition per bound name.
-void bindFakeNccl(py::module_& testing) {
+// The fake itself: scripting and what it counted.
+void bindFakeNcclClass(py::module_& testing) {
   using Fake = FakeNccl;
   py::class_<Fake>(
       testing,
@@ -226,6 +227,10 @@ void bindFakeNccl(py::module_& testing) {
       .def_property_readonly("aborted_under_call", &Fake::abortedUnderCall)
       .def_property_readonly("used_after_free", &Fake::usedAfterFree)
       .def_property_readonly("last_shrink_flags", &Fake::lastShrinkFlags);
+}
+
+// Communicators of the fake: made, split, shrunk, grown, joined.
+void bindCommunicatorMaking(py::module_& testing) {
   const auto release = py::call_guard<py::gil_scoped_release>();
   testing.def(
       "create_communicator",
@@ -302,6 +307,11 @@ void bindFakeNccl(py::module_& testing) {
       py::arg("rank"),
       py::arg("timeout"),
       release);
+}
+
+// rendezvous.h's store meetings.
+void bindMeetings(py::module_& testing) {
+  const auto release = py::call_guard<py::gil_scoped_release>();
   testing.def(
       "rendezvous",
       [](const c10::intrusive_ptr<c10d::Store>& store,
@@ -350,6 +360,11 @@ void bindFakeNccl(py::module_& testing) {
       py::arg("store"),
       py::arg("prefix"),
       release);
+}
+
+// A communicator's abort, suspend / resume, flush and kernel stop.
+void bindCommunicatorLife(py::module_& testing) {
+  const auto release = py::call_guard<py::gil_scoped_release>();
   testing.def(
       "abort",
       [](Communicator& comm) { comm.abort(); },
@@ -380,6 +395,11 @@ void bindFakeNccl(py::module_& testing) {
       [](Communicator& comm) { return comm.stopKernels(); },
       py::arg("comm"),
       release);
+}
+
+// NCCL calls on a communicator, their checks and failures.
+void bindCommunicatorCalls(py::module_& testing) {
+  const auto release = py::call_guard<py::gil_scoped_release>();
   testing.def(
       "enqueue",
       [](Communicator& comm, const std::string& call) {
@@ -445,6 +465,11 @@ void bindFakeNccl(py::module_& testing) {
       },
       py::arg("comm"),
       py::arg("timeout"));
+}
+
+// The backend's watchdog over a communicator of the fake.
+void bindWatchdog(py::module_& testing) {
+  const auto release = py::call_guard<py::gil_scoped_release>();
   py::class_<WatchdogUnderTest>(
       testing,
       "Watchdog",
@@ -493,6 +518,15 @@ void bindFakeNccl(py::module_& testing) {
           py::arg("timeout"),
           release)
       .def("stop", &WatchdogUnderTest::stop, release);
+}
+
+void bindFakeNccl(py::module_& testing) {
+  bindFakeNcclClass(testing);
+  bindCommunicatorMaking(testing);
+  bindMeetings(testing);
+  bindCommunicatorLife(testing);
+  bindCommunicatorCalls(testing);
+  bindWatchdog(testing);
 }
 
 } // namespace
