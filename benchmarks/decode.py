@@ -11,9 +11,10 @@ or alone: ``python -m torch_nccl_core.launch --nproc-per-node 2 -m benchmarks.de
 --backends nccl_core --out results/``.
 
 Rows (OUT/decode.csv), per (variant, op, bytes):
-- variant ``eager``: one all_reduce per call; ``graph10``, ``graph100``: that many all_reduces
-  captured in one graph, time per op; ``layer``: one decode step of the layer in a graph;
+- variant ``eager``: one op per call; ``graph10``, ``graph100``: that many ops captured in one
+  graph, time per op; ``layer``: one decode step of the layer in a graph;
 - op ``all_reduce`` (8 B - 4 KiB), ``all_reduce h<hidden>`` (``[tokens, hidden]``, tokens 1-512),
+  ``all_gather`` and ``reduce_scatter`` (bytes: the larger tensor, 1 KiB - 8 MiB),
   ``layer h<hidden> t<tokens>`` (bytes: one of its all_reduces);
 - time_us per op or step (the ranks' max), host_us the host time of a call or of a replay per op.
 The layer: pre-norm attention over a KV cache (``--context``) and an MLP (4 x hidden), their
@@ -53,7 +54,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--small", type=comma_list(), default=["8", "64", "512", "4K"], help="bytes")
     p.add_argument("--hidden", type=int_list, default=[4096, 8192])
     p.add_argument("--tokens", type=int_list, default=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512])
-    p.add_argument("--graph-ops", type=int_list, default=[10, 100], help="all_reduces per graph")
+    p.add_argument(
+        "--gather-scatter",
+        type=comma_list(),
+        default=["1K", "16K", "64K", "256K", "1M", "2M", "4M", "8M"],
+        help="bytes of the larger tensor of all_gather and reduce_scatter",
+    )
+    p.add_argument("--graph-ops", type=int_list, default=[10, 100], help="ops per graph")
     p.add_argument("--layer-tokens", type=int_list, default=[1, 4, 16, 64])
     p.add_argument("--layer-hidden", type=int, default=4096)
     p.add_argument("--heads", type=int, default=32)
@@ -66,6 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.small = [parse_bytes(s) for s in args.small]
     if any(b < ELEM or b % ELEM for b in args.small):
         p.error(f"--small sizes must be positive multiples of {ELEM} bytes")
+    args.gather_scatter = [parse_bytes(s) for s in args.gather_scatter]
     return args
 
 
@@ -80,11 +88,12 @@ def filled(numel: int, device: torch.device) -> torch.Tensor:
     return torch.full((numel,), dist.get_rank() + 1, dtype=DTYPE, device=device)
 
 
-def check(tensor: torch.Tensor, expected: float, what: str) -> None:
+def check(tensor: torch.Tensor, expected: float | torch.Tensor, what: str) -> None:
     """Every rank raises if any rank's result is wrong (agreed over the default group)."""
     wrong = not bool((tensor == expected).all())
     if wrong:
-        print(f"{what}: wrong result {tensor[:4].tolist()}, expected {expected}", flush=True)
+        shown = expected if isinstance(expected, float) else expected[:4].tolist()
+        print(f"{what}: wrong result {tensor[:4].tolist()}, expected {shown}", flush=True)
     if rank_max(float(wrong))[0]:
         raise SystemExit(f"{what}: a wrong result (see the ranks' output)")
 
@@ -106,6 +115,24 @@ def timed(fn, sync, target_ms: float) -> tuple[float, float]:
     return tuple(rank_max(*timed_loop(fn, iters, sync)))
 
 
+def op_rows(args, sync, row: dict, fn, check_replay) -> list[dict]:
+    """Rows of `fn` (one op) eagerly and captured args.graph_ops times per graph;
+    check_replay(calls) checks the result of one replay of such a graph."""
+    per, host = timed(fn, sync, args.target_ms)
+    rows = [{**row, "variant": "eager", "time_us": per * 1e6, "host_us": host * 1e6}]
+    for calls in args.graph_ops:
+        graph = capture(fn, calls)
+        check_replay(graph, calls)
+        per, host = timed(graph.replay, sync, args.target_ms)
+        rows.append(
+            {**row, "variant": f"graph{calls}", "time_us": per / calls * 1e6,
+             "host_us": host / calls * 1e6}
+        )  # fmt: skip
+        del graph
+    print(" ".join(f"{r['variant']} {r['time_us']:.2f} us" for r in rows), row["op"], row["bytes"])
+    return rows
+
+
 def all_reduce_rows(args, group, device, sync) -> list[dict]:
     world = dist.get_world_size()
     total = world * (world + 1) / 2
@@ -114,26 +141,61 @@ def all_reduce_rows(args, group, device, sync) -> list[dict]:
         tensor = filled(numel, device)
         dist.all_reduce(tensor, group=group)  # eager first: a backend may set up here
         check(tensor, total, f"eager {op} {numel}")
-        row = {"op": op, "bytes": numel * ELEM}
-        per, host = timed(lambda t=tensor: dist.all_reduce(t, group=group), sync, args.target_ms)
-        rows.append({**row, "variant": "eager", "time_us": per * 1e6, "host_us": host * 1e6})
-        for calls in args.graph_ops:
-            graph = capture(lambda t=tensor: dist.all_reduce(t, group=group), calls)
-            tensor.fill_(dist.get_rank() + 1)
+
+        def check_replay(graph, calls, t=tensor, op=op, numel=numel):
+            t.fill_(dist.get_rank() + 1)
             graph.replay()
             # Sums of rank + 1, then calls - 1 times multiplied by the world: exact in bf16 where
             # the world is a power of 2 (a small integer times one), inf past bf16's range
             # (then left unchecked, as other worlds are).
             expected = total * float(world) ** (calls - 1)
             if expected < 1e38 and world & (world - 1) == 0:
-                check(tensor, expected, f"graph{calls} {op} {numel}")
-            per, host = timed(graph.replay, sync, args.target_ms)
-            rows.append(
-                {**row, "variant": f"graph{calls}", "time_us": per / calls * 1e6,
-                 "host_us": host / calls * 1e6}
-            )  # fmt: skip
-            del graph
-        print(" ".join(f"{r['variant']} {r['time_us']:.2f} us" for r in rows[-3:]), op, numel)
+                check(t, expected, f"graph{calls} {op} {numel}")
+
+        rows += op_rows(
+            args,
+            sync,
+            {"op": op, "bytes": numel * ELEM},
+            lambda t=tensor: dist.all_reduce(t, group=group),
+            check_replay,
+        )
+    return rows
+
+
+def gather_scatter_rows(args, group, device, sync) -> list[dict]:
+    """all_gather_into_tensor and reduce_scatter_tensor; bytes: the larger tensor's."""
+    world = dist.get_world_size()
+    rows = []
+    for op in ("all_gather", "reduce_scatter"):
+        for size in args.gather_scatter:
+            part = filled(size // ELEM // world, device)
+            whole = filled(part.numel() * world, device)
+            if op == "all_gather":
+                expected = torch.arange(1, world + 1, device=device, dtype=DTYPE)
+                expected = expected.repeat_interleave(part.numel())
+                result = whole
+
+                def fn(out=whole, src=part):
+                    dist.all_gather_into_tensor(out, src, group=group)
+            else:
+                expected = world * (world + 1) / 2
+                result = part
+
+                def fn(out=part, src=whole):
+                    dist.reduce_scatter_tensor(out, src, group=group)
+
+            def verify(what, out=result, want=expected):
+                check(out, want, what)
+
+            fn()  # eager first: a backend may set up here
+            verify(f"eager {op} {size}")
+
+            def check_replay(graph, calls, out=result, op=op, size=size, verify=verify):
+                out.zero_()
+                graph.replay()
+                verify(f"graph{calls} {op} {size}")
+
+            rows += op_rows(args, sync, {"op": op, "bytes": size}, fn, check_replay)
     return rows
 
 
@@ -195,7 +257,11 @@ def layer_rows(args, group, device, sync) -> list[dict]:
 def measure(args, group, device, sync) -> list[dict]:
     if device.type != "cuda":
         raise SystemExit("benchmarks.decode needs a GPU per rank")
-    return all_reduce_rows(args, group, device, sync) + layer_rows(args, group, device, sync)
+    return (
+        all_reduce_rows(args, group, device, sync)
+        + gather_scatter_rows(args, group, device, sync)
+        + layer_rows(args, group, device, sync)
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

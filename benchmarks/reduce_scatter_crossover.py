@@ -7,9 +7,7 @@ Run from the repository root, one process per GPU:
 For output sizes 1 MiB to 512 MiB (float32) it times ``reduce_scatter_tensor`` on the built-in
 ``nccl`` backend and on two ``nccl_core`` groups, one with the copy-engine path forced on and one
 with it off, and prints their bus bandwidths (best of 3 measurements), the ratios, and whether the
-copy-engine result equals the built-in one bit for bit. The size from which ``nccl_core`` takes
-the path by default (``CopyEngineReduceScatter::kMinOutputBytes``) comes from this table
-(docs/bench/reduce_scatter_crossover.md).
+copy-engine result equals the built-in one bit for bit (docs/bench/reduce_scatter_crossover.md).
 """
 
 from __future__ import annotations

@@ -10,8 +10,11 @@ class Options:
     """Options of an nccl_core process group (``pg_options``).
 
     ``copy_engine_reduce_scatter``: ``reduce_scatter_tensor`` through the copy engine where
-    every peer is load/store reachable; ``None`` from 32 MiB of output, ``True`` at every
-    size, ``False`` never.
+    every peer is load/store reachable; ``None`` follows
+    ``TORCH_NCCL_CORE_COPY_ENGINE_REDUCE_SCATTER`` (off where unset), ``True`` at every size,
+    ``False`` never. ``all_reduce_kernels`` (``'auto'``, ``'off'``, ``'one_shot'``,
+    ``'two_shot'``) and ``gather_scatter_kernels`` (``None``: the measured table): the
+    package's load/store kernels among NVLink peers, up to 8 MiB.
 
     Raises:
         ValueError: a value is out of range (``min_ctas``/``max_ctas`` in [1, 64] with
@@ -30,6 +33,7 @@ class Options:
     comm_name: str | None
     copy_engine_reduce_scatter: bool | None
     all_reduce_kernels: str | None
+    gather_scatter_kernels: bool | None
     register_caching_allocator: bool | None
     cta_policy: str | None
     def __init__(
@@ -46,6 +50,7 @@ class Options:
         comm_name: str | None = None,
         copy_engine_reduce_scatter: bool | None = None,
         all_reduce_kernels: str | None = None,
+        gather_scatter_kernels: bool | None = None,
         register_caching_allocator: bool | None = None,
         cta_policy: str | None = None,
     ) -> None: ...
@@ -212,7 +217,7 @@ def resolve_tensor(tensor: torch.Tensor) -> tuple[int, int, int, int]: ...
 def nccl_version() -> tuple[int, int, int]: ...
 def nccl_header_version() -> int: ...
 def features() -> dict[str, bool]: ...
-def _all_reduce_kernel(ranks: int, bytes: int, capturing: bool) -> str | None: ...
+def _load_store_kernel(op: str, ranks: int, bytes: int, capturing: bool) -> str | None: ...
 def dump_flight_recorder(only_active: bool = False) -> bytes: ...
 def flight_recorder_enabled() -> bool: ...
 def one_sided_engine() -> str: ...

@@ -87,8 +87,9 @@ struct LaunchOptions {
   // A one-sided op (torch's Window API): its peers, and whether it waits for
   // them, as the watchdog reports and treats it (SyncOpDetail).
   const SyncOpDetail* oneSided = nullptr;
-  // Its reduction, where it is a built-in one: one of the backend's engines
-  // may then run the op in NCCL's place (backend/engines/engine.h).
+  // Whether one of the backend's engines may run the op in NCCL's place
+  // (backend/engines/engine.h), and its reduction, a built-in one.
+  bool engines = false;
   std::optional<c10d::ReduceOp::RedOpType> reduction;
 
   static LaunchOptions withPeer(int peer) {
@@ -106,8 +107,15 @@ struct LaunchOptions {
   static LaunchOptions reducing(const c10d::ReduceOp& op, bool builtin) {
     LaunchOptions options = routed(builtin);
     if (builtin) {
+      options.engines = true;
       options.reduction = op.op_;
     }
+    return options;
+  }
+  // A gather: routable, and one for the backend's engines.
+  static LaunchOptions gathering() {
+    LaunchOptions options = routed();
+    options.engines = true;
     return options;
   }
   static LaunchOptions blockingHost() {

@@ -182,6 +182,7 @@ OpPlan NcclCoreBackend::prepare(
           outputs,
           inputs,
           launchOptions.routable,
+          launchOptions.engines,
           launchOptions.reduction,
           capturing,
           coalescing_,

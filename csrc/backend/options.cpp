@@ -43,7 +43,7 @@ constexpr std::pair<const char*, AllReduceKernels> kAllReduceKernels[] = {
 AllReduceKernels NcclCoreOptions::allReduceKernelsSetting() const {
   const std::string name = allReduceKernels.value_or(
       c10::utils::get_env("TORCH_NCCL_CORE_ALL_REDUCE_KERNELS")
-          .value_or("off"));
+          .value_or("auto"));
   for (const auto& [known, setting] : kAllReduceKernels) {
     if (name == known) {
       return setting;
@@ -113,6 +113,19 @@ bool NcclCoreOptions::registersCachingAllocator() const {
   return registerCachingAllocator.value_or(
       c10::utils::check_env("TORCH_NCCL_CORE_REGISTER_ALLOCATOR")
           .value_or(false));
+}
+
+std::optional<bool> NcclCoreOptions::gatherScatterKernelsSetting() const {
+  return gatherScatterKernels
+             ? gatherScatterKernels
+             : c10::utils::check_env("TORCH_NCCL_CORE_GATHER_SCATTER_KERNELS");
+}
+
+std::optional<bool> NcclCoreOptions::copyEngineReduceScatterSetting() const {
+  return copyEngineReduceScatter
+             ? copyEngineReduceScatter
+             : c10::utils::check_env(
+                   "TORCH_NCCL_CORE_COPY_ENGINE_REDUCE_SCATTER");
 }
 
 bool NcclCoreOptions::upgradesWindows() const {

@@ -28,19 +28,24 @@ struct NcclCoreOptions {
   std::optional<bool> splitShare;
   std::optional<std::string> commName;
   // Reduce-scatter through the copy engine where every peer is load/store
-  // reachable: unset = from the measured size up, true = at every size,
-  // false = never (backend/engines/copy_engine_reduce_scatter.h).
+  // reachable: unset = TORCH_NCCL_CORE_COPY_ENGINE_REDUCE_SCATTER, off where
+  // that is unset too; true = at every size, false = never
+  // (backend/engines/copy_engine_reduce_scatter.h).
   std::optional<bool> copyEngineReduceScatter;
   // All-reduce through the package's one-shot and two-shot kernels where
   // every peer is load/store reachable (backend/engines/
-  // load_store_all_reduce.h): "auto" (at the sizes where they were measured
+  // load_store_collectives.h): "auto" (at the sizes where they were measured
   // faster than NCCL at the group's size), "off", "one_shot" or "two_shot"
   // (that kernel at every size its staging holds); unset =
-  // TORCH_NCCL_CORE_ALL_REDUCE_KERNELS, "off" if that is unset too: a graph
-  // replayed after its group's teardown would still reach the freed staging,
-  // and a group whose small all-reduces never reach NCCL meets NCCL's lazy
-  // connection setup at its first large one (docs/performance.md).
+  // TORCH_NCCL_CORE_ALL_REDUCE_KERNELS, "auto" if that is unset too. Every
+  // rank of a group must ask the same.
   std::optional<std::string> allReduceKernels;
+  // all_gather_into_tensor and reduce_scatter_tensor through the package's
+  // load/store kernels where every peer is load/store reachable (the same
+  // engine): unset = TORCH_NCCL_CORE_GATHER_SCATTER_KERNELS, and where that
+  // is unset too at the sizes measured faster than NCCL; true = up to the
+  // staging's size, false = never.
+  std::optional<bool> gatherScatterKernels;
   // Ops on ordinary tensors register the segment of torch's caching
   // allocator they lie in, on first use, and torch's free of the segment
   // drops it: unset = TORCH_NCCL_CORE_REGISTER_ALLOCATOR (default off: on 2
@@ -69,6 +74,10 @@ struct NcclCoreOptions {
   // allReduceKernels, the environment deciding where it is unset; raises
   // ValueError for a name it does not know.
   AllReduceKernels allReduceKernelsSetting() const;
+  // gatherScatterKernels and copyEngineReduceScatter, the environment
+  // deciding where they are unset; unset there too: their defaults.
+  std::optional<bool> gatherScatterKernelsSetting() const;
+  std::optional<bool> copyEngineReduceScatterSetting() const;
 
   // Raises ValueError for out-of-range values.
   void validate() const;

@@ -5,40 +5,54 @@
 namespace nccl_core {
 
 namespace {
-using Counter = std::shared_ptr<std::atomic<int>>;
+using Owner = std::shared_ptr<void>;
 
 // Runs on a CUDA thread when the graph is destroyed: no CUDA calls here.
-void graphDestroyed(void* counter) {
-  auto* live = static_cast<Counter*>(counter);
-  (*live)->fetch_sub(1, std::memory_order_acq_rel);
-  delete live;
+void graphDestroyed(void* owner) {
+  delete static_cast<Owner*>(owner);
 }
 } // namespace
 
-void CapturedGraphs::note(cudaStream_t stream) {
+std::optional<Capture> activeCapture(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  unsigned long long id = 0;
-  cudaGraph_t graph = nullptr;
-  C10_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, &id, &graph));
-  if (status != cudaStreamCaptureStatusActive ||
-      lastCapture_.exchange(id, std::memory_order_acq_rel) == id) {
-    return;
+  Capture capture{};
+  C10_CUDA_CHECK(
+      cudaStreamGetCaptureInfo(stream, &status, &capture.id, &capture.graph));
+  if (status != cudaStreamCaptureStatusActive) {
+    return std::nullopt;
   }
-  auto* counter = new Counter(live_);
+  return capture;
+}
+
+void keepUntilDestroyed(cudaGraph_t graph, std::shared_ptr<void> owner) {
+  auto* kept = new Owner(std::move(owner));
   cudaUserObject_t object = nullptr;
   cudaError_t result = cudaUserObjectCreate(
-      &object, counter, graphDestroyed, 1, cudaUserObjectNoDestructorSync);
+      &object, kept, graphDestroyed, 1, cudaUserObjectNoDestructorSync);
   if (result != cudaSuccess) {
-    delete counter;
+    delete kept;
     C10_CUDA_CHECK(result);
   }
-  live_->fetch_add(1, std::memory_order_acq_rel);
   // The graph takes the only reference: CUDA runs graphDestroyed with it.
   result = cudaGraphRetainUserObject(graph, object, 1, cudaGraphUserObjectMove);
   if (result != cudaSuccess) {
-    C10_CUDA_CHECK_WARN(cudaUserObjectRelease(object, 1)); // uncounts it
+    C10_CUDA_CHECK_WARN(cudaUserObjectRelease(object, 1)); // releases it
     C10_CUDA_CHECK(result);
   }
+}
+
+void CapturedGraphs::note(cudaStream_t stream) {
+  const std::optional<Capture> capture = activeCapture(stream);
+  if (!capture || lastCapture_.exchange(
+                      capture->id, std::memory_order_acq_rel) == capture->id) {
+    return;
+  }
+  live_->fetch_add(1, std::memory_order_acq_rel);
+  // Uncounted when the graph goes (or at once, where it could not take it).
+  keepUntilDestroyed(
+      capture->graph, std::shared_ptr<void>(nullptr, [live = live_](void*) {
+        live->fetch_sub(1, std::memory_order_acq_rel);
+      }));
 }
 
 } // namespace nccl_core

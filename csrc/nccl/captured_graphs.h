@@ -1,4 +1,5 @@
-// The CUDA graphs alive that captured NCCL work of one communicator.
+// CUDA graphs that captured work of this package's, and what they must keep
+// alive.
 //
 // NCCL's ncclCommAbort and ncclCommDestroy wait until every graph holding a
 // persistent plan of the communicator is destroyed (commDestroySync polls
@@ -10,8 +11,21 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 
 namespace nccl_core {
+
+// The capture `stream` takes part in, if any: its id and graph.
+struct Capture {
+  unsigned long long id;
+  cudaGraph_t graph;
+};
+std::optional<Capture> activeCapture(cudaStream_t stream);
+
+// Keeps `owner` alive until CUDA destroys `graph` (a user object the graph
+// holds). Its last release may then run on a CUDA thread: it must make no
+// CUDA call.
+void keepUntilDestroyed(cudaGraph_t graph, std::shared_ptr<void> owner);
 
 class CapturedGraphs {
  public:

@@ -6,7 +6,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend/backend.h"
-#include "backend/engines/load_store_all_reduce.h"
+#include "backend/engines/load_store_collectives.h"
 #include "backend/ops/arguments.h"
 #include "backend/runtime/flight_recorder.h"
 #include "nccl/blocking_wait.h"
@@ -59,6 +59,8 @@ std::string repr(const NcclCoreOptions& o) {
       opt(o.copyEngineReduceScatter),
       ", all_reduce_kernels=",
       optStr(o.allReduceKernels),
+      ", gather_scatter_kernels=",
+      opt(o.gatherScatterKernels),
       ", register_caching_allocator=",
       opt(o.registerCachingAllocator),
       ", window_upgrade=",
@@ -79,8 +81,10 @@ Pass as ``pg_options`` to ``init_process_group`` / ``new_group``. Fields left
 ``blocking=False``: initialization, splits and registrations are polled,
 bounded by the timeout and abortable.
 ``copy_engine_reduce_scatter``: ``reduce_scatter_tensor`` through the copy
-engine where every peer is load/store reachable; ``None`` from 32 MiB of
-output (where it was measured faster), ``True`` at every size, ``False``
+engine where every peer is load/store reachable; ``None`` follows
+``TORCH_NCCL_CORE_COPY_ENGINE_REDUCE_SCATTER``, off where that is unset too
+(alone it beats NCCL from 32 MiB of output, but an FSDP2 step measured
+slower with it, docs/performance.md); ``True`` at every size, ``False``
 never.
 ``all_reduce_kernels``: ``all_reduce`` in one kernel of this package's own
 (one-shot or two-shot) where every peer is load/store reachable (sum,
@@ -88,10 +92,17 @@ product, min, max, avg; floating and integer dtypes; anything else goes to
 NCCL): ``'auto'`` at the sizes where they were measured faster than NCCL at
 the group's size, eagerly and in CUDA graphs (docs/performance.md),
 ``'off'`` never, ``'one_shot'`` or ``'two_shot'`` that kernel up to 8 MiB;
-``None`` follows ``TORCH_NCCL_CORE_ALL_REDUCE_KERNELS`` (default ``'off'``
-until two teardown faults are mended, docs/performance.md). On, a group that
-routes any size to them holds 8 MiB of staging per rank (and its signal
-window), made with its communicator.
+``None`` follows ``TORCH_NCCL_CORE_ALL_REDUCE_KERNELS`` (default ``'auto'``);
+every rank of a group must ask the same. On, a group that routes any size to
+them holds 8 MiB of staging per rank (and its signal window), made with its
+communicator.
+``gather_scatter_kernels``: ``all_gather_into_tensor`` and
+``reduce_scatter_tensor`` (sum, product, min, max, avg there) through the same
+engine's one-shot kernels, where every peer is load/store reachable:
+``None`` follows ``TORCH_NCCL_CORE_GATHER_SCATTER_KERNELS``, and where that is
+unset too runs them at the sizes measured faster than NCCL at the group's
+size (docs/performance.md); ``True`` up to 8 MiB (the larger tensor),
+``False`` never. Every rank of a group must ask the same.
 ``register_caching_allocator``: ops on ordinary tensors register the segment
 of torch's caching allocator they lie in with NCCL on first use, and torch's
 free of the segment drops it; ``None`` follows
@@ -119,6 +130,7 @@ within a node, and across nodes from NCCL 2.30.7); ``None`` keeps NCCL's.)")
                       std::optional<std::string> commName,
                       std::optional<bool> copyEngineReduceScatter,
                       std::optional<std::string> allReduceKernels,
+                      std::optional<bool> gatherScatterKernels,
                       std::optional<bool> registerCachingAllocator,
                       std::optional<bool> windowUpgrade,
                       std::optional<std::string> ctaPolicy) {
@@ -134,6 +146,7 @@ within a node, and across nodes from NCCL 2.30.7); ``None`` keeps NCCL's.)")
             o->commName = std::move(commName);
             o->copyEngineReduceScatter = copyEngineReduceScatter;
             o->allReduceKernels = std::move(allReduceKernels);
+            o->gatherScatterKernels = gatherScatterKernels;
             o->registerCachingAllocator = registerCachingAllocator;
             o->windowUpgrade = windowUpgrade;
             o->ctaPolicy = std::move(ctaPolicy);
@@ -152,6 +165,7 @@ within a node, and across nodes from NCCL 2.30.7); ``None`` keeps NCCL's.)")
           py::arg("comm_name") = py::none(),
           py::arg("copy_engine_reduce_scatter") = py::none(),
           py::arg("all_reduce_kernels") = py::none(),
+          py::arg("gather_scatter_kernels") = py::none(),
           py::arg("register_caching_allocator") = py::none(),
           py::arg("window_upgrade") = py::none(),
           py::arg("cta_policy") = py::none())
@@ -169,6 +183,8 @@ within a node, and across nodes from NCCL 2.30.7); ``None`` keeps NCCL's.)")
           "copy_engine_reduce_scatter",
           &NcclCoreOptions::copyEngineReduceScatter)
       .def_readwrite("all_reduce_kernels", &NcclCoreOptions::allReduceKernels)
+      .def_readwrite(
+          "gather_scatter_kernels", &NcclCoreOptions::gatherScatterKernels)
       .def_readwrite(
           "register_caching_allocator",
           &NcclCoreOptions::registerCachingAllocator)
@@ -438,24 +454,38 @@ PYBIND11_MODULE(_C, m) {
       &featureMap,
       "What the loaded NCCL supports, by feature name.");
   m.def(
-      "_all_reduce_kernel",
-      [](int ranks,
-         size_t bytes,
-         bool capturing) -> std::optional<std::string> {
-        const auto kernel =
-            AllReduceKernelChoice::of(AllReduceKernels::Auto, ranks, capturing)
-                .kernelFor(bytes);
-        if (!kernel) {
-          return std::nullopt;
+      "_load_store_kernel",
+      [](const std::string& op, int ranks, size_t bytes, bool capturing)
+          -> std::optional<std::string> {
+        constexpr std::pair<const char*, c10d::OpType> kOps[] = {
+            {"all_reduce", c10d::OpType::ALLREDUCE},
+            {"all_gather", c10d::OpType::_ALLGATHER_BASE},
+            {"reduce_scatter", c10d::OpType::_REDUCE_SCATTER_BASE}};
+        constexpr const char* kNames[] = {
+            "one_shot", "two_shot", "all_gather", "reduce_scatter"};
+        for (const auto& [name, type] : kOps) {
+          if (op == name) {
+            const auto kernel =
+                KernelChoice::measured(ranks, capturing).kernelFor(type, bytes);
+            if (!kernel) {
+              return std::nullopt;
+            }
+            return kNames[static_cast<int>(*kernel)];
+          }
         }
-        return *kernel == AllReduceKernel::OneShot ? "one_shot" : "two_shot";
+        throw py::value_error(
+            "op must be 'all_reduce', 'all_gather' or 'reduce_scatter', "
+            "got '" +
+            op + "'");
       },
+      py::arg("op"),
       py::arg("ranks"),
       py::arg("bytes"),
       py::arg("capturing"),
-      "The kernel Options(all_reduce_kernels='auto') gives an all_reduce of "
-      "`bytes` in a group of `ranks` where every peer is load/store reachable "
-      "('one_shot', 'two_shot'), or None (NCCL): the measured table.");
+      "The kernel the measured table gives `op` (its larger tensor holding "
+      "`bytes`) in a group of `ranks` where every peer is load/store "
+      "reachable ('one_shot', 'two_shot', 'all_gather', 'reduce_scatter'), "
+      "or None (NCCL).");
   m.def(
       "dump_flight_recorder",
       [](bool onlyActive) {

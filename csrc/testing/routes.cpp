@@ -52,6 +52,7 @@ std::string route(
           outputs,
           inputs,
           routable,
+          false,
           std::nullopt,
           false,
           coalescing,

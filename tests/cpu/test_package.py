@@ -61,6 +61,7 @@ def test_options_defaults_and_round_trip():
     assert o.timeout is None and o.blocking is None and o.comm_name is None
     assert o.high_priority_stream is False and o.copy_engine_reduce_scatter is None
     assert o.all_reduce_kernels is None and o.register_caching_allocator is None
+    assert o.gather_scatter_kernels is None
     o = torch_nccl_core.Options(
         timeout=datetime.timedelta(seconds=7),
         high_priority_stream=True,
@@ -73,6 +74,7 @@ def test_options_defaults_and_round_trip():
         comm_name="trainer",
         copy_engine_reduce_scatter=False,
         all_reduce_kernels="two_shot",
+        gather_scatter_kernels=False,
         register_caching_allocator=True,
         cta_policy="efficiency",
     )
@@ -82,6 +84,7 @@ def test_options_defaults_and_round_trip():
     assert o.copy_engine_reduce_scatter is False
     assert "copy_engine_reduce_scatter=False" in repr(o)
     assert o.all_reduce_kernels == "two_shot" and "all_reduce_kernels='two_shot'" in repr(o)
+    assert o.gather_scatter_kernels is False and "gather_scatter_kernels=False" in repr(o)
     assert o.register_caching_allocator is True
     assert "register_caching_allocator=True" in repr(o)
     assert o.cta_policy == "efficiency" and "cta_policy='efficiency'" in repr(o)
@@ -127,7 +130,7 @@ def test_the_all_reduce_table_goes_one_shot_two_shot_nccl(capturing):
     (maybe) two-shot, then NCCL, each a contiguous range; other world sizes all NCCL."""
     sizes = [1 << k for k in range(3, 25)]
     for ranks in range(2, 9):
-        got = [_C._all_reduce_kernel(ranks, b, capturing) for b in sizes]
+        got = [_C._load_store_kernel("all_reduce", ranks, b, capturing) for b in sizes]
         order = [k for i, k in enumerate(got) if i == 0 or k != got[i - 1]]
         assert order in (
             ["one_shot", "two_shot", None],
@@ -136,6 +139,20 @@ def test_the_all_reduce_table_goes_one_shot_two_shot_nccl(capturing):
             [None],
         ), (ranks, order)
         assert got[-1] is None  # 16 MiB: past the staging
+
+
+@pytest.mark.parametrize("capturing", [False, True])
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
+def test_the_gather_scatter_table_is_one_range_from_the_smallest(op, capturing):
+    """all_gather and reduce_scatter: their kernel from the smallest size up to a limit within
+    the staging, then NCCL; other world sizes all NCCL. A name the table lacks is refused."""
+    sizes = [1 << k for k in range(3, 25)]
+    for ranks in range(2, 9):
+        got = [_C._load_store_kernel(op, ranks, b, capturing) for b in sizes]
+        order = [k for i, k in enumerate(got) if i == 0 or k != got[i - 1]]
+        assert order in ([op, None], [None]), (ranks, order)
+    with pytest.raises(ValueError, match=r"op must be 'all_reduce'.*got 'broadcast'"):
+        _C._load_store_kernel("broadcast", 2, 8, capturing)
 
 
 def test_nonblocking_communicators_are_accepted():

@@ -213,12 +213,13 @@ def windows(_distributed) -> None:
 def fresh_group(_distributed) -> Iterator[dist.ProcessGroup]:
     """A new nccl_core group over every rank, destroyed after the test.
 
-    Its resource counts start from zero, NCCL runs all its all_reduces (the package's kernels,
-    which would take the small ones, are off: these tests watch what NCCL registers), and its
+    Its resource counts start from zero, NCCL runs all its all_reduces, all_gathers and
+    reduce_scatters (the package's kernels, which would take the small ones, are off: these tests
+    watch what NCCL registers), and its
     timeout is short: a call the backend wrongly accepts (a receive nobody sends to) hangs only
     this group, and the watchdog turns that into an error within seconds instead of stalling the
     rest of the suite.
     """
-    options = torch_nccl_core.Options(all_reduce_kernels="off")
+    options = torch_nccl_core.Options(all_reduce_kernels="off", gather_scatter_kernels=False)
     group = dist.new_group(backend="nccl_core", timeout=timedelta(seconds=10), pg_options=options)
     yield from owned_group(group)

@@ -12,7 +12,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import torch_nccl_core
 
-from .helpers import needs_ranks
+from .helpers import load_store_reachable, needs_ranks
 from .training import (
     DDP_STEPS,
     FSDP_STEPS,
@@ -86,7 +86,8 @@ def test_fsdp2_matches_replica(rank, comm_buffers):
         for module in sharded.modules():  # a per-module setting
             if hasattr(module, "set_allocate_memory_from_process_group_for_comm"):
                 module.set_allocate_memory_from_process_group_for_comm(True)
-    mesh_comm = torch_nccl_core.communicator(next(sharded.parameters()).device_mesh.get_group())
+    group = next(sharded.parameters()).device_mesh.get_group()
+    mesh_comm = torch_nccl_core.communicator(group)
     registered_before = mesh_comm._resource_count()
     losses = train(sharded, batches(rank, FSDP_STEPS))
     params = [p.full_tensor() for p in sharded.parameters()]  # all-gathers the shards
@@ -94,8 +95,14 @@ def test_fsdp2_matches_replica(rank, comm_buffers):
     assert all(
         dist.get_backend(p.device_mesh.get_group()) == "nccl_core" for p in sharded.parameters()
     )
-    # Buffers from the group are NCCL memory, registered when FSDP's collectives use them.
+    # Buffers from the group are NCCL memory, which NCCL registers when its collectives use
+    # them. Among load/store peers, at group sizes the measured table covers, the package's
+    # kernels take this model's small all_gathers (through their staging): nothing is
+    # registered then.
     registered = mesh_comm._resource_count() - registered_before
-    assert (registered > 0) == (comm_buffers == "process_group"), registered
+    world = dist.get_world_size(group)
+    table = torch_nccl_core._C._load_store_kernel("all_gather", world, 8, False)
+    nccl_runs = not load_store_reachable(group) or table is None
+    assert (registered > 0) == (comm_buffers == "process_group" and nccl_runs), registered
     torch.testing.assert_close(losses, replica_losses, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(params, replica_params, rtol=1e-5, atol=1e-5)

@@ -5,10 +5,10 @@ sweep runs on a group with it: what the kernels reduce (sum, product, min, max, 
 integer dtypes, up to 8 MiB) it runs, the rest goes to NCCL, and every result must be exact. The
 tests also check that it is the path that ran (its kernel in a profile), its limit, unaligned
 views, ops alternating between the caller's and the internal stream, CUDA graphs replayed with
-new data, each replay checked, a group's first op captured; and that "auto" runs, eagerly and
-captured, the kernel the measured table names for each size at this world size (the default is
-"off"). The kernels need peers that map each other's memory: elsewhere (other nodes) those tests
-skip, saying so, and one test checks that NCCL then runs every all_reduce, right.
+new data, each replay checked, a group's first op captured; and that "auto" (the default) runs,
+eagerly and captured, the kernel the measured table names for each size at this world size. The
+kernels need peers that map each other's memory: elsewhere (other nodes) those tests skip, saying
+so, and one test checks that NCCL then runs every all_reduce, right.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from .helpers import (
 )
 
 KERNEL = "allReduceKernel"
-LIMIT = 8 << 20  # bytes: LoadStoreAllReduce::kMaxBytes
+LIMIT = 8 << 20  # bytes: LoadStoreCollectives::kMaxBytes
 KERNELS = ("one_shot", "two_shot")
 
 
@@ -46,7 +46,7 @@ def _group(kernels: str | None) -> dist.ProcessGroup:
 
 def ran_kernel(kernels: list[str], which: str | None) -> bool:
     """Whether the profile shows `which` kernel of ours (None: any)."""
-    # allReduceKernel<T, op, pack, two-shot>(nccl_core::AllReduceArgs)
+    # allReduceKernel<T, op, pack, two-shot>(nccl_core::LoadStoreArgs)
     flag = {"one_shot": "false>(", "two_shot": "true>(", None: ">("}[which]
     return any(KERNEL in k and flag in k for k in kernels)
 
@@ -207,7 +207,7 @@ def test_a_groups_first_op_may_be_captured(rank):
 
 def _table(world_size: int, numel: int, capturing: bool) -> str | None:
     """The kernel the measured table gives a bf16 all_reduce of numel elements."""
-    return torch_nccl_core._C._all_reduce_kernel(world_size, numel * 2, capturing)
+    return torch_nccl_core._C._load_store_kernel("all_reduce", world_size, numel * 2, capturing)
 
 
 def _boundaries(world_size: int, capturing: bool) -> list[int]:

@@ -40,7 +40,9 @@ def upgrading(_distributed):
         new_core_group(
             window_upgrade=True,
             register_caching_allocator=True,
-            all_reduce_kernels="off",  # NCCL's all_reduces are what the upgrade is for
+            # NCCL's all_reduces and reduce_scatters are what the upgrade is for
+            all_reduce_kernels="off",
+            gather_scatter_kernels=False,
             timeout=timedelta(seconds=30),
         )
     )

@@ -61,9 +61,8 @@ void combine(
 
 CopyEngineReduceScatter::CopyEngineReduceScatter(
     Communicator& comm,
-    EventPool& events,
-    bool always)
-    : comm_(comm), always_(always), order_(events.acquire()) {}
+    EventPool& events)
+    : comm_(comm), order_(events.acquire()) {}
 
 bool CopyEngineReduceScatter::hasStaging() const {
   std::lock_guard<std::mutex> lock(stagingMutex_);
@@ -72,9 +71,8 @@ bool CopyEngineReduceScatter::hasStaging() const {
 
 bool CopyEngineReduceScatter::suits(const EngineCall& call) {
   if (call.type != c10d::OpType::_REDUCE_SCATTER_BASE || comm_.size() < 2 ||
-      call.capturing || !reducesLikeNccl(call.op, call.output.scalar_type()) ||
-      (!always_ &&
-       static_cast<size_t>(call.output.nbytes()) < kMinOutputBytes)) {
+      call.capturing || !call.reduction ||
+      !reducesLikeNccl(*call.reduction, call.output.scalar_type())) {
     return false;
   }
   if (!allPeersLoadStore_) {
@@ -115,7 +113,7 @@ void CopyEngineReduceScatter::drain() const noexcept {
 void CopyEngineReduceScatter::enqueue(
     const EngineCall& call,
     cudaStream_t stream) {
-  const RedOpType op = call.op;
+  const RedOpType op = *call.reduction;
   const int size = comm_.size();
   const int self = comm_.rank();
   const size_t region = kSlots * kChunkBytes; // per sender

@@ -24,13 +24,11 @@ namespace nccl_core {
 
 class CopyEngineReduceScatter final : public Engine {
  public:
-  // `always`: at every size, not only from kMinOutputBytes up.
-  CopyEngineReduceScatter(Communicator& comm, EventPool& events, bool always);
+  CopyEngineReduceScatter(Communicator& comm, EventPool& events);
 
   // A reduce-scatter (tensor form), where every peer is load/store
   // reachable, of an op and dtype ATen reduces as NCCL does, not captured in
-  // a CUDA graph, and (unless `always`) with an output of at least
-  // kMinOutputBytes.
+  // a CUDA graph.
   bool suits(const EngineCall& call) override;
   // Enqueues output = reduction over ranks of their input part for this rank.
   void enqueue(const EngineCall& call, cudaStream_t stream) override;
@@ -39,10 +37,6 @@ class CopyEngineReduceScatter final : public Engine {
   // Whether the staging was made (the peers map it through the
   // communicator's window).
   bool hasStaging() const override;
-
-  // Measured (docs/bench/reduce_scatter_crossover.md): below this NCCL's
-  // kernel wins.
-  static constexpr size_t kMinOutputBytes = size_t{32} << 20;
 
  private:
   // Staging per sender: kSlots chunks of at most kChunkBytes.
@@ -53,7 +47,6 @@ class CopyEngineReduceScatter final : public Engine {
   const Staging& staging(size_t bytes);
 
   Communicator& comm_;
-  const bool always_;
   // Guards staging_, which drain() reads from the aborting thread.
   mutable std::mutex stagingMutex_;
   std::unique_ptr<Staging> staging_;

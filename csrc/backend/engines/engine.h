@@ -1,5 +1,5 @@
 // The backend's own engines: code that runs an op in NCCL's place where it
-// measures faster (the copy engine's reduce-scatter, the one-shot all-reduce).
+// measures faster (the copy engine's reduce-scatter, the load/store kernels).
 // Routing (backend/routing/comm_routes.h) walks the group's engines in order
 // and gives the op to the first that suits it; NCCL runs the rest. A new
 // engine is a class here and a line in makeEngines.
@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "backend/options.h"
@@ -19,13 +20,13 @@
 
 namespace nccl_core {
 
-// An op with a built-in reduction, as launch() was given it: its first
-// output and first input (one tensor for an in-place op).
+// An op an engine may run, as launch() was given it: its first output and
+// first input (one tensor for an in-place op).
 struct EngineCall {
   c10d::OpType type;
   const at::Tensor& output;
   const at::Tensor& input;
-  c10d::ReduceOp::RedOpType op;
+  std::optional<c10d::ReduceOp::RedOpType> reduction; // a built-in one
   bool capturing; // under CUDA stream capture
 };
 

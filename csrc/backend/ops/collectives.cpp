@@ -214,7 +214,7 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::_allgather_base(
       [&](const NcclApi& api, ncclComm_t comm, cudaStream_t stream) {
         return api.allGather(in.ptr, out, in.count, in.dtype, comm, stream);
       },
-      LaunchOptions::routed());
+      LaunchOptions::gathering());
 }
 
 c10::intrusive_ptr<c10d::Work> NcclCoreBackend::allgather_coalesced(

@@ -91,7 +91,7 @@ CommRoutes::~CommRoutes() {
 }
 
 EngineRun CommRoutes::engineFor(const RouteQuery& query) {
-  if (!query.reduction || query.coalescing || engines_.empty()) {
+  if (!query.engines || query.coalescing || engines_.empty()) {
     return nullptr;
   }
   const at::Tensor& output = query.outputs.at(0);
@@ -99,7 +99,7 @@ EngineRun CommRoutes::engineFor(const RouteQuery& query) {
       query.type,
       output,
       query.inputs.empty() ? output : query.inputs.front(), // in place
-      *query.reduction,
+      query.reduction,
       query.capturing};
   for (const auto& engine : engines_) {
     if (engine->suits(call)) {

@@ -64,8 +64,8 @@ struct RouteQuery {
   const std::vector<at::Tensor>& inputs;
   // A collective NCCL may give symmetric kernels: it may move to the twin.
   bool routable = false;
-  // Its built-in reduction, if it has one: an engine may run it.
-  std::optional<c10d::ReduceOp::RedOpType> reduction;
+  bool engines = false; // one of the backend's engines may run it
+  std::optional<c10d::ReduceOp::RedOpType> reduction; // a built-in one
   bool capturing = false;
   bool coalescing = false; // every op of an NCCL group runs on one comm
   // The ranks' meeting for a window upgrade; null: no upgrade.

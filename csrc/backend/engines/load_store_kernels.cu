@@ -1,4 +1,4 @@
-#include "backend/engines/all_reduce_kernels.h"
+#include "backend/engines/load_store_kernels.h"
 
 #include <ATen/OpMathType.h>
 #include <c10/cuda/CUDAException.h>
@@ -13,7 +13,7 @@ namespace nccl_core {
 namespace {
 
 using RedOpType = c10d::ReduceOp::RedOpType;
-using Layout = AllReduceLayout;
+using Layout = LoadStoreLayout;
 using Flag = cuda::atomic_ref<uint32_t, cuda::thread_scope_system>;
 
 // Spins between looks at the abort flag, which lives in host memory.
@@ -24,16 +24,12 @@ __device__ uint32_t* inbox(char* staging, int block, int sender) {
          sender;
 }
 
-__device__ uint32_t* epochOf(char* staging, int block) {
-  return reinterpret_cast<uint32_t*>(staging + Layout::kInboxBytes) + block;
-}
-
 // Block b of every rank meets block b of the others (ncclLsaBarrierSession's
 // arrive and wait): thread p tells rank p that this block reached `epoch`,
 // then waits until rank p says the same. The release makes what the block
 // wrote before visible to the peers' blocks after theirs; the acquire the
 // reverse. False when the communicator was aborted.
-__device__ bool meet(const AllReduceArgs& a, uint32_t epoch) {
+__device__ bool meet(const LoadStoreArgs& a, uint32_t epoch) {
   __shared__ int aborted;
   if (threadIdx.x == 0) {
     aborted = 0;
@@ -89,7 +85,7 @@ __device__ Acc combine(Acc a, Acc b) {
 // order. Every rank's load is issued before the first is used, so the
 // peers' link latencies overlap.
 template <typename T, RedOpType kOp, int N>
-__device__ Pack<T, N> reduced(const AllReduceArgs& a, int64_t first) {
+__device__ Pack<T, N> reduced(const LoadStoreArgs& a, int64_t first) {
   using Acc = at::opmath_type<T>;
   Pack<T, N> packs[Layout::kMaxRanks];
 #pragma unroll
@@ -137,29 +133,69 @@ __device__ void forEachPack(int64_t begin, int64_t end, Visit visit) {
   }
 }
 
+// The block's elements of each rank's part: [begin, end).
+struct BlockRange {
+  int64_t begin;
+  int64_t end;
+  __device__ explicit BlockRange(const LoadStoreArgs& a)
+      : begin(blockIdx.x * a.perBlock),
+        end(a.count < begin + a.perBlock ? a.count : begin + a.perBlock) {}
+};
+
+// The epoch block b's meetings start from, or false once the group was torn
+// down (a graph replayed after it): then the block touches no staging.
+// Every thread looks, so that a close between two looks still leaves the
+// whole block gone or the whole block here.
+__device__ bool enter(const LoadStoreArgs& a, uint32_t& epoch) {
+  epoch = a.state->epoch[blockIdx.x];
+  return !__syncthreads_or(
+      *static_cast<const volatile uint32_t*>(&a.state->closed) != 0);
+}
+
+// After the last meeting, which no rank passes before every rank's block
+// arrived: the next launch may overwrite the staging.
+__device__ void leave(const LoadStoreArgs& a, uint32_t epoch) {
+  if (threadIdx.x == 0) {
+    a.state->epoch[blockIdx.x] = epoch + 2;
+  }
+}
+
+// Copies elements [begin, end) of `from` into this rank's staging at
+// `offset` + the same index (the elements the peers' same block reads).
+template <typename T, int N>
+__device__ void copyIn(
+    const LoadStoreArgs& a,
+    const T* from,
+    int64_t offset,
+    BlockRange range) {
+  char* mine = a.staging[a.rank];
+  forEachPack<N>(range.begin, range.end, [&](int64_t i, auto n) {
+    constexpr int kN = decltype(n)::value;
+    *packAt<T, kN>(mine, offset + i) =
+        *reinterpret_cast<const Pack<T, kN>*>(from + offset + i);
+  });
+}
+
 template <typename T, RedOpType kOp, int N, bool kTwoShot>
 __global__ void __launch_bounds__(Layout::kThreads)
-    allReduceKernel(AllReduceArgs a) {
-  const int64_t begin = blockIdx.x * a.perBlock;
-  const int64_t end =
-      a.count < begin + a.perBlock ? a.count : begin + a.perBlock;
-  T* data = static_cast<T*>(a.data);
-  char* mine = a.staging[a.rank];
-  const uint32_t epoch = *epochOf(mine, blockIdx.x);
-
-  // The block copies in exactly the elements the peers' block b reads.
-  forEachPack<N>(begin, end, [&](int64_t i, auto n) {
-    constexpr int kN = decltype(n)::value;
-    *packAt<T, kN>(mine, i) = *reinterpret_cast<const Pack<T, kN>*>(data + i);
-  });
+    allReduceKernel(LoadStoreArgs a) {
+  const BlockRange range(a);
+  T* data = static_cast<T*>(a.output);
+  uint32_t epoch = 0;
+  if (!enter(a, epoch)) {
+    return;
+  }
+  copyIn<T, N>(a, data, 0, range);
   if (!meet(a, epoch + 1)) {
     return;
   }
   if constexpr (kTwoShot) {
     // This rank's slice of the chunk, reduced into every rank's staging.
-    const int64_t first =
-        end < begin + a.rank * a.perRank ? end : begin + a.rank * a.perRank;
-    const int64_t last = end < first + a.perRank ? end : first + a.perRank;
+    const int64_t first = range.end < range.begin + a.rank * a.perRank
+                              ? range.end
+                              : range.begin + a.rank * a.perRank;
+    const int64_t last =
+        range.end < first + a.perRank ? range.end : first + a.perRank;
     forEachPack<N>(first, last, [&](int64_t i, auto n) {
       constexpr int kN = decltype(n)::value;
       const Pack<T, kN> result = reduced<T, kOp, kN>(a, i);
@@ -171,7 +207,7 @@ __global__ void __launch_bounds__(Layout::kThreads)
       }
     });
   } else {
-    forEachPack<N>(begin, end, [&](int64_t i, auto n) {
+    forEachPack<N>(range.begin, range.end, [&](int64_t i, auto n) {
       constexpr int kN = decltype(n)::value;
       *reinterpret_cast<Pack<T, kN>*>(data + i) = reduced<T, kOp, kN>(a, i);
     });
@@ -183,39 +219,112 @@ __global__ void __launch_bounds__(Layout::kThreads)
     return;
   }
   if constexpr (kTwoShot) {
-    forEachPack<N>(begin, end, [&](int64_t i, auto n) {
+    forEachPack<N>(range.begin, range.end, [&](int64_t i, auto n) {
       constexpr int kN = decltype(n)::value;
-      *reinterpret_cast<Pack<T, kN>*>(data + i) = *packAt<T, kN>(mine, i);
+      *reinterpret_cast<Pack<T, kN>*>(data + i) =
+          *packAt<T, kN>(a.staging[a.rank], i);
     });
   }
-  if (threadIdx.x == 0) {
-    *epochOf(mine, blockIdx.x) = epoch + 2;
+  leave(a, epoch);
+}
+
+template <typename T, int N>
+__global__ void __launch_bounds__(Layout::kThreads)
+    allGatherKernel(LoadStoreArgs a) {
+  const BlockRange range(a);
+  T* out = static_cast<T*>(a.output);
+  uint32_t epoch = 0;
+  if (!enter(a, epoch)) {
+    return;
   }
+  copyIn<T, N>(a, static_cast<const T*>(a.input), 0, range);
+  if (!meet(a, epoch + 1)) {
+    return;
+  }
+  // Every rank's loads issued before the first store, as in reduced().
+  forEachPack<N>(range.begin, range.end, [&](int64_t i, auto n) {
+    constexpr int kN = decltype(n)::value;
+    Pack<T, kN> packs[Layout::kMaxRanks];
+#pragma unroll
+    for (int r = 0; r < Layout::kMaxRanks; ++r) {
+      if (r < a.size) {
+        packs[r] = *packAt<T, kN>(a.staging[r], i);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < Layout::kMaxRanks; ++r) {
+      if (r < a.size) {
+        *reinterpret_cast<Pack<T, kN>*>(out + r * a.count + i) = packs[r];
+      }
+    }
+  });
+  if (!meet(a, epoch + 2)) { // no peer reads this staging any more
+    return;
+  }
+  leave(a, epoch);
+}
+
+template <typename T, RedOpType kOp, int N>
+__global__ void __launch_bounds__(Layout::kThreads)
+    reduceScatterKernel(LoadStoreArgs a) {
+  const BlockRange range(a);
+  const T* in = static_cast<const T*>(a.input);
+  T* out = static_cast<T*>(a.output);
+  uint32_t epoch = 0;
+  if (!enter(a, epoch)) {
+    return;
+  }
+  for (int r = 0; r < a.size; ++r) {
+    copyIn<T, N>(a, in, r * a.count, range);
+  }
+  if (!meet(a, epoch + 1)) {
+    return;
+  }
+  const int64_t mine = a.rank * a.count;
+  forEachPack<N>(range.begin, range.end, [&](int64_t i, auto n) {
+    constexpr int kN = decltype(n)::value;
+    *reinterpret_cast<Pack<T, kN>*>(out + i) = reduced<T, kOp, kN>(a, mine + i);
+  });
+  if (!meet(a, epoch + 2)) {
+    return;
+  }
+  leave(a, epoch);
 }
 
 // What one launch takes besides its dtype and op.
 struct Launch {
-  AllReduceKernel kernel;
-  const AllReduceArgs& args;
+  LoadStoreKernel kernel;
+  const LoadStoreArgs& args;
   int blocks;
   bool vector;
   cudaStream_t stream;
 };
 
-template <typename T, RedOpType kOp>
-void launchFor(const Launch& l) {
-  constexpr int kPack = 16 / sizeof(T);
+template <typename T, RedOpType kOp, int N>
+void launchPacked(const Launch& l) {
   const auto run = [&](auto entry) {
     entry<<<l.blocks, Layout::kThreads, 0, l.stream>>>(l.args);
   };
-  const bool twoShot = l.kernel == AllReduceKernel::TwoShot;
-  if (l.vector) {
-    twoShot ? run(allReduceKernel<T, kOp, kPack, true>)
-            : run(allReduceKernel<T, kOp, kPack, false>);
-  } else {
-    twoShot ? run(allReduceKernel<T, kOp, 1, true>)
-            : run(allReduceKernel<T, kOp, 1, false>);
+  switch (l.kernel) {
+    case LoadStoreKernel::OneShot:
+      return run(allReduceKernel<T, kOp, N, false>);
+    case LoadStoreKernel::TwoShot:
+      return run(allReduceKernel<T, kOp, N, true>);
+    case LoadStoreKernel::ReduceScatter:
+      return run(reduceScatterKernel<T, kOp, N>);
+    case LoadStoreKernel::AllGather:
+      if constexpr (std::is_same_v<T, uint8_t> && kOp == RedOpType::SUM) {
+        return run(allGatherKernel<T, N>);
+      }
+      break;
   }
+  TORCH_INTERNAL_ASSERT(false, "load/store kernels: unsupported launch");
+}
+
+template <typename T, RedOpType kOp>
+void launchFor(const Launch& l) {
+  constexpr int kPack = 16 / sizeof(T);
+  l.vector ? launchPacked<T, kOp, kPack>(l) : launchPacked<T, kOp, 1>(l);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -264,15 +373,20 @@ bool loadStoreReduces(at::ScalarType dtype, RedOpType op) {
   }
 }
 
-void launchAllReduce(
-    AllReduceKernel kernel,
-    const AllReduceArgs& args,
+void launchLoadStore(
+    LoadStoreKernel kernel,
+    const LoadStoreArgs& args,
     at::ScalarType dtype,
     RedOpType op,
     int blocks,
     bool vector,
     cudaStream_t stream) {
   const Launch l{kernel, args, blocks, vector, stream};
+  if (kernel == LoadStoreKernel::AllGather) {
+    // It moves bytes, whatever they hold: one instance.
+    dtype = at::kByte;
+    op = RedOpType::SUM;
+  }
   switch (dtype) {
     case at::kFloat:
       return launchForOp<float>(l, op);
