@@ -47,10 +47,13 @@ def test_ddp_registering_ordinary_memory_with_empty_cache_each_step_matches(
     rank, device, nccl_group
 ):
     """Gradient buckets of ordinary memory registered on first use, and dropped by torch's
-    free of their segments, which empty_cache makes every step."""
+    free of their segments, which empty_cache makes every step (NCCL runs the buckets'
+    all_reduces: the package's kernels, which would take these small ones, are off)."""
     group = dist.new_group(
         backend="nccl_core",
-        pg_options=torch_nccl_core.Options(register_caching_allocator=True),
+        pg_options=torch_nccl_core.Options(
+            register_caching_allocator=True, all_reduce_kernels="off"
+        ),
     )
     ddp = DistributedDataParallel(model(), device_ids=[device.index], process_group=group)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=LR)
