@@ -201,7 +201,12 @@ LoadStoreCollectives::LoadStoreCollectives(
   staging_ = std::make_unique<PeerBuffer>(
       comm_,
       Layout::kDataOffset + std::max(eager_.maxBytes(), captured_.maxBytes()));
-  connectNccl();
+  try {
+    connectNccl();
+  } catch (...) {
+    comm_.abort(); // before the staging, which the peers map, is freed
+    throw;
+  }
 }
 
 LoadStoreCollectives::~LoadStoreCollectives() {
