@@ -1,6 +1,6 @@
-// NcclCoreBackend lifecycle: communicator creation, coalescing, abort and
-// shutdown. Groups made from a group live in child_groups.cpp, the ops in
-// collectives.cpp and point_to_point.cpp.
+// NcclCoreBackend lifecycle: communicator creation, abort and shutdown. Groups
+// made from a group live in child_groups.cpp, the ops in collectives.cpp and
+// point_to_point.cpp.
 #include "backend/backend.h"
 
 #include <c10/cuda/CUDAFunctions.h>
@@ -12,7 +12,6 @@
 #include <numeric>
 #include <thread>
 
-#include "backend/launch.h"
 #include "backend/ops/arguments.h"
 #include "backend/ops/nan_check.h"
 #include "backend/runtime/flight_recorder.h"
@@ -38,11 +37,6 @@ std::vector<int64_t> allRanks(int size) {
   return ranks;
 }
 
-// How many backends this rank made on `store` before, counted in the store.
-int64_t nextIncarnation(c10d::Store& store, int rank) {
-  return store.add(c10::str("nccl_core/incarnations/rank", rank), 1);
-}
-
 } // namespace
 
 NcclCoreBackend::NcclCoreBackend(
@@ -52,7 +46,6 @@ NcclCoreBackend::NcclCoreBackend(
     std::shared_ptr<Communicator> comm,
     std::vector<int64_t> globalRanks)
     : c10d::Backend(member.rank, member.size),
-      store_(std::move(member.store)),
       groupName_(std::make_shared<const std::string>(std::move(member.name))),
       options_(std::move(options)),
       timeout_(options_->timeout.value_or(defaultTimeout)),
@@ -62,16 +55,32 @@ NcclCoreBackend::NcclCoreBackend(
       globalRank_(static_cast<int>(globalRanks_[member.rank])),
       traceGroup_(
           FlightRecorder::process().addGroup(*groupName_, globalRanks_)),
-      incarnation_(nextIncarnation(*store_, member.rank)),
+      agreement_(
+          std::move(member.store),
+          member.rank,
+          member.size,
+          *groupName_,
+          timeout_,
+          failure_),
       autoRegister_(
           c10::utils::check_env("TORCH_NCCL_CORE_AUTO_REGISTER")
               .value_or(true)),
-      timing_(
-          c10::utils::check_env("TORCH_NCCL_ENABLE_TIMING").value_or(false)),
-      nanCheck_(nanCheckRequested()),
       registersSegments_(
           options_->registersCachingAllocator() &&
-          trackCachingAllocatorSegments()) {
+          trackCachingAllocatorSegments()),
+      runner_(
+          RunnerGroup{
+              *this,
+              groupName_,
+              traceGroup_,
+              failure_,
+              ephemeral_,
+              timeout_,
+              offloadState_,
+              &agreeOnUpgrade_,
+              [this] { return deviceForOpWithoutTensors({}); }},
+          nanCheckRequested(),
+          c10::utils::check_env("TORCH_NCCL_ENABLE_TIMING").value_or(false)) {
   options_->validate();
   options_->allReduceKernelsSetting(); // its environment variable too
   if (FlightRecorder::process().enabled()) {
@@ -124,15 +133,14 @@ std::shared_ptr<Communicator> NcclCoreBackend::windowFreeTwin() {
   return routes_ ? routes_->twin() : nullptr;
 }
 
-c10::DeviceIndex NcclCoreBackend::deviceForOp(
+Communicator& NcclCoreBackend::communicatorFor(
     const at::Tensor& tensor,
     const char* op,
     const char* what) {
   checkCuda(tensor, op, what);
-  const c10::DeviceIndex device =
-      static_cast<c10::DeviceIndex>(communicator(tensor.device()).device());
-  checkTensor(tensor, device, op, what);
-  return device;
+  Communicator& comm = communicator(tensor.device());
+  checkTensor(tensor, deviceOf(comm), op, what);
+  return comm;
 }
 
 void NcclCoreBackend::initCommunicator(at::Device device) {
@@ -181,13 +189,12 @@ std::shared_ptr<Communicator> NcclCoreBackend::newCommunicator(
     const std::string& name,
     const std::function<bool()>& abandon,
     const std::function<void(const std::shared_ptr<Communicator>&)>& started) {
-  const std::string prefix = storeKey(purpose.c_str());
   const std::string label = c10::str("group '", name, "'");
   // Once the meeting went ahead every rank enters NCCL's initialization, an
   // aborted one too: `started` then aborts it, and the others finish theirs.
   const NcclApi& api = *options_->api;
-  const ncclUniqueId id = rendezvous(
-      {*store_, prefix, timeout_.load(), label, abandon}, rank, size, [&api] {
+  const ncclUniqueId id =
+      agreement_.rendezvous(purpose, label, rank, size, abandon, [&api] {
         return Communicator::uniqueId(api);
       });
   auto comm = Communicator::create(
@@ -198,21 +205,15 @@ std::shared_ptr<Communicator> NcclCoreBackend::newCommunicator(
       started);
   if (rank == 0) {
     // Every rank read the id: the initialization it joined was collective.
-    leaveRendezvous(*store_, prefix, size);
+    agreement_.leaveRendezvous(purpose, size);
   }
   return comm;
-}
-
-std::string NcclCoreBackend::storeKey(const char* name) const {
-  return c10::str("nccl_core/", incarnation_, "/", name);
 }
 
 void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
   const auto device = static_cast<c10::DeviceIndex>(comm->device());
   comm_ = std::move(comm);
-  events_ = std::make_shared<EventPool>(comm_->device());
-  stream_ = c10::cuda::getStreamFromPool(options_->highPriorityStream, device);
-  ready_ = events_->acquire();
+  auto events = std::make_shared<EventPool>(comm_->device());
   // NCCL runs symmetric kernels only where every peer is load/store
   // reachable: elsewhere windows would gain nothing. Asked before the locks
   // (it asks NCCL).
@@ -224,7 +225,7 @@ void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
   // first (peers may map what was made), so that no op finds it half set up.
   Engines engines;
   try {
-    engines = makeEngines(*comm_, *events_, *options_);
+    engines = makeEngines(*comm_, *events, *options_);
   } catch (const std::exception& e) {
     failure_->set(
         c10::str(
@@ -247,22 +248,29 @@ void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
       WatchedGroup{
           comm_,
           failure_,
-          store_,
+          agreement_.store(),
           *groupName_,
-          storeKey("abort"),
-          events_,
+          agreement_.key("abort"),
+          events,
           hooks_,
           ephemeral_,
           traceGroup_},
       timeout_.load());
+  runner_.attach(
+      RunnerParts{
+          comm_,
+          routes_,
+          watchdog_.get(),
+          std::move(events),
+          c10::cuda::getStreamFromPool(options_->highPriorityStream, device)});
   oneSidedLink_ = std::make_unique<OneSidedLink>(*comm_, *this);
   commReady_.store(true, std::memory_order_release);
 }
 
 void NcclCoreBackend::refuseInsideCoalescing(const char* op) {
-  const EndCoalescingOnError endOnError(*this);
+  const EndCoalescingOnError endOnError(runner_);
   NCCL_CORE_CHECK_STATE(
-      !coalescing_,
+      !runner_.coalescing(),
       op,
       "one-sided operations cannot run inside a coalescing block "
       "(batch_isend_irecv, _coalescing_manager); issue them after it");
@@ -291,11 +299,11 @@ void NcclCoreBackend::runOneSided(
       stream == nullptr || stream == cudaStreamLegacy
           ? c10::cuda::getDefaultCUDAStream(device.index())
           : c10::cuda::getStreamFromExternal(stream, device.index()));
-  launch(
+  runner_.launch(
       OpCall{c10d::OpType::UNKNOWN, name, device, false, c10d::kUnsetTimeout},
       {},
       {},
-      [&](const NcclApi&, ncclComm_t, cudaStream_t) {
+      [&](const NcclTarget&) {
         enqueue();
         return ncclSuccess;
       },
@@ -390,109 +398,6 @@ c10d::ErrorType NcclCoreBackend::getError() {
                             : c10d::ErrorType::SUCCESS;
 }
 
-void NcclCoreBackend::startCoalescing() {
-  // A block still open was left by an exception outside this backend (torch's
-  // own checks inside _coalescing_manager): end it rather than refuse forever.
-  abandonCoalescing();
-  coalescing_ = true;
-  coalescedFirstSeq_ = seq_ + 1;
-  coalescedGroup_.reset();
-  coalescedTensors_.clear();
-  coalescedDevice_.reset();
-  coalescedTiming_.reset();
-  coalescedTraces_.clear();
-}
-
-c10::intrusive_ptr<c10d::Work> NcclCoreBackend::endCoalescing() {
-  NCCL_CORE_CHECK_STATE(
-      coalescing_, "endCoalescing", "called without startCoalescing()");
-  coalescing_ = false;
-  std::vector<at::Tensor> tensors = std::move(coalescedTensors_);
-  const OpInfo info{
-      c10d::OpType::COALESCED, "coalesced", seq_, false, coalescedFirstSeq_};
-  if (!coalescedGroup_) {
-    // Nothing was enqueued.
-    return c10::make_intrusive<NcclWork>(
-        info,
-        deviceForOpWithoutTensors({}),
-        groupName_,
-        EventPool::Event{},
-        timeout_.load(),
-        std::vector<at::Tensor>{},
-        std::vector<at::Tensor>{},
-        false);
-  }
-  const Communicator::Use group = std::move(*coalescedGroup_);
-  coalescedGroup_.reset();
-  // NCCL launches the block's kernels at ncclGroupEnd: under this range.
-  const OpProfile profile(
-      info, *groupName_, getRank(), getSize(), /*peer=*/-1, tensors, {});
-  const c10::cuda::CUDAGuard deviceGuard(*coalescedDevice_);
-  const bool capturing = isCapturing(stream_->stream());
-  if (capturing) {
-    comm_->noteCapture(stream_->stream()); // before NCCL makes the plan
-  }
-  try { // the block's ops are enqueued here: timed as enqueueChecked does
-    std::optional<Watchdog::Enqueueing> timed;
-    if (!capturing) {
-      timed.emplace(
-          *watchdog_, info.name, seq_, timeout_.load() + ephemeral_->active());
-    }
-    const Communicator::HostCall call(*comm_);
-    comm_->check(comm_->api().groupEnd(), "ncclGroupEnd");
-  } catch (const c10::DistBackendError& e) {
-    raiseOpFailure(
-        c10::str(
-            "nccl_core coalesced (seq ",
-            seq_,
-            ") on group '",
-            *groupName_,
-            "'"),
-        *failure_,
-        e);
-  }
-  std::unique_ptr<OpTiming> timing = std::move(coalescedTiming_);
-  if (timing) {
-    timing->end.record(*stream_);
-  }
-  EventPool::Event end = events_->acquire();
-  C10_CUDA_CHECK(cudaEventRecord(end.get(), stream_->stream()));
-  auto work = c10::make_intrusive<NcclWork>(
-      info,
-      *coalescedDevice_,
-      groupName_,
-      std::move(end),
-      timeout_.load() + ephemeral_->active(),
-      tensors,
-      tensors,
-      false);
-  work->setTiming(std::move(timing));
-  work->addTraces(coalescedTraces_);
-  coalescedTraces_.clear();
-  if (!capturing) {
-    watchdog_->track(work);
-  }
-  return work;
-}
-
-void NcclCoreBackend::abandonCoalescing() noexcept {
-  if (!coalescing_) {
-    return;
-  }
-  LOG(WARNING) << "[nccl_core] a coalescing block on group '" << *groupName_
-               << "' was left by an exception; the block ends there"
-               << (coalescedGroup_ ? " and the ops queued before it run" : "");
-  try {
-    // Ordered before the caller's next work, as a waited Work would be.
-    endCoalescing()->wait();
-  } catch (const std::exception& e) {
-    coalescing_ = false;
-    coalescedGroup_.reset();
-    LOG(ERROR) << "[nccl_core] ending the coalescing block on group '"
-               << *groupName_ << "' failed: " << e.what();
-  }
-}
-
 void NcclCoreBackend::teardown(const std::string& reason) {
   std::lock_guard<std::mutex> lock(initMutex_);
   if (watchdog_) {
@@ -518,39 +423,12 @@ void NcclCoreBackend::teardownWithoutFinalizing(const std::string& reason) {
     return;
   }
   try {
-    giveUpMeeting(*store_, storeKey("finalize"));
+    agreement_.giveUp("finalize");
   } catch (const std::exception& e) {
     LOG(WARNING) << "[nccl_core] group '" << *groupName_
                  << "' could not tell its peers that it will not finalize ("
                  << e.what() << "); they wait up to the group's timeout";
   }
-}
-
-int64_t
-NcclCoreBackend::meetNext(const char* purpose, int64_t& count, int64_t vote) {
-  const int64_t meeting = ++count;
-  const auto prefix = [&](int64_t n) {
-    return storeKey(c10::str(purpose, "/", n).c_str());
-  };
-  const int64_t tally = meetEveryRank(prefix(meeting), vote);
-  if (getRank() == 0 && meeting > 1) {
-    leaveRendezvous(*store_, prefix(meeting - 1), getSize());
-  }
-  return tally;
-}
-
-int64_t NcclCoreBackend::meetEveryRank(std::string prefix, int64_t count) {
-  std::vector<int> ranks(getSize());
-  std::iota(ranks.begin(), ranks.end(), 0);
-  return meet(
-      {*store_,
-       std::move(prefix),
-       timeout_.load(),
-       c10::str("group '", *groupName_, "'"),
-       [this] { return failure_->failed(); }},
-      getRank(),
-      ranks,
-      count);
 }
 
 bool NcclCoreBackend::finalizeMeeting() noexcept {
@@ -573,7 +451,7 @@ bool NcclCoreBackend::finalizeMeeting() noexcept {
     const bool finalizable = !failure_->failed() && comm_->finalizable() &&
                              (!twin || twin->finalizable());
     const int64_t vote = twoWayVote(finalizable, twin != nullptr, size);
-    if (!unanimous(meetEveryRank(storeKey("finalize"), vote), vote, size)) {
+    if (!unanimous(agreement_.meetEveryRank("finalize", vote), vote, size)) {
       LOG(INFO) << "[nccl_core] group '" << *groupName_
                 << "' is aborted, not finalized: not every rank can finalize "
                    "it (a CUDA graph that captured its work alive)";

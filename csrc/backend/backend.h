@@ -1,6 +1,8 @@
-// The nccl_core c10d::Backend: one NCCL communicator per group. Every op is
-// "check arguments, pick the stream, enqueue through the communicator, return
-// Work"; the shared steps live in launch() and arguments.h.
+// The nccl_core c10d::Backend, the c10d adapter: one NCCL communicator per
+// group. Every op checks its arguments (ops/arguments.h) and hands its NCCL
+// calls (ops/nccl_calls.h) to the group's op runner (op_runner.h), which
+// picks the stream, enqueues them and returns Work; the ranks' agreements in
+// the store live in group_agreement.h.
 #pragma once
 
 #include <ATen/cuda/MemPool.h>
@@ -20,6 +22,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "backend/group_agreement.h"
+#include "backend/op_runner.h"
 #include "backend/options.h"
 #include "backend/routing/comm_routes.h"
 #include "backend/runtime/ephemeral_timeouts.h"
@@ -45,97 +49,6 @@ struct GroupOptions : c10d::Backend::Options {
       : c10d::Backend::Options("nccl_core", timeout) {
     group_name = std::move(groupName);
   }
-};
-
-// The NCCL calls of one op, given the communicator's handle and the stream.
-using EnqueueFn = c10::function_ref<
-    ncclResult_t(const NcclApi& api, ncclComm_t, cudaStream_t)>;
-
-// What an op is, for launch(): its c10d type and name, the device it runs
-// on, whether the caller gets async Work (else the lean synchronous path) and
-// its timeout (kUnsetTimeout: the group's).
-struct OpCall {
-  c10d::OpType type;
-  const char* name;
-  at::Device device;
-  bool asyncOp;
-  std::chrono::milliseconds timeout;
-
-  // An op with c10d options `opts` (asyncOp, timeout) on `tensor`'s device.
-  template <typename Opts>
-  static OpCall
-  of(c10d::OpType type,
-     const char* name,
-     const at::Tensor& tensor,
-     const Opts& opts) {
-    return {type, name, tensor.device(), opts.asyncOp, opts.timeout};
-  }
-};
-
-// How launch() may run an op beyond the defaults.
-struct LaunchOptions {
-  bool blocksHost = false; // wait() blocks the host (barrier)
-  // A collective NCCL may give symmetric kernels: routing may move it to the
-  // window-free twin (backend/routing/policy.h). Not for ops bound to one
-  // communicator (custom reduce ops).
-  bool routable = false;
-  int peer = -1; // send and recv: the other rank, for the flight recorder
-  // Whether the tensors it sends hold this rank's data (not on a broadcast's
-  // other ranks, whose one tensor only receives): TORCH_NCCL_NAN_CHECK looks
-  // at them.
-  bool sendsData = true;
-  // A one-sided op (torch's Window API): its peers, and whether it waits for
-  // them, as the watchdog reports and treats it (SyncOpDetail).
-  const SyncOpDetail* oneSided = nullptr;
-  // Whether one of the backend's engines may run the op in NCCL's place
-  // (backend/engines/engine.h), and its reduction, a built-in one.
-  bool engines = false;
-  std::optional<c10d::ReduceOp::RedOpType> reduction;
-
-  static LaunchOptions withPeer(int peer) {
-    LaunchOptions options;
-    options.peer = peer;
-    return options;
-  }
-  static LaunchOptions routed(bool routable = true) {
-    LaunchOptions options;
-    options.routable = routable;
-    return options;
-  }
-  // A reduction by `op`, which NCCL has `builtin` (no custom op): routable,
-  // and one for the backend's engines.
-  static LaunchOptions reducing(const c10d::ReduceOp& op, bool builtin) {
-    LaunchOptions options = routed(builtin);
-    if (builtin) {
-      options.engines = true;
-      options.reduction = op.op_;
-    }
-    return options;
-  }
-  // A gather: routable, and one for the backend's engines.
-  static LaunchOptions gathering() {
-    LaunchOptions options = routed();
-    options.engines = true;
-    return options;
-  }
-  static LaunchOptions blockingHost() {
-    LaunchOptions options;
-    options.blocksHost = true;
-    return options;
-  }
-};
-
-// What launch() settled before running an op: where it runs (and what to
-// register first), its number, timeout and the caller's stream.
-struct OpPlan {
-  OpInfo info;
-  Route route;
-  at::Device device;
-  std::chrono::milliseconds timeout;
-  c10::cuda::CUDAStream current;
-  bool capturing;
-  const SyncOpDetail* oneSided;               // LaunchOptions::oneSided
-  std::optional<size_t> trace = std::nullopt; // its flight recorder entry
 };
 
 #ifdef C10D_BACKEND_HAS_WINDOW
@@ -253,12 +166,16 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   c10::intrusive_ptr<c10d::Work>
   barrier(const c10d::BarrierOptions& opts) override;
 
-  void startCoalescing() override;
-  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  void startCoalescing() override {
+    runner_.startCoalescing();
+  }
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override {
+    return runner_.endCoalescing();
+  }
 
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override {
-    return seq_;
+    return runner_.seq();
   }
 
   c10::intrusive_ptr<c10d::Backend> split(
@@ -309,13 +226,13 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   // Lengthens the timeout of the ops issued until the next one finished
   // (backend/runtime/ephemeral_timeouts.h); torch.compile's cache hits call it.
   void addEphemeralTimeout(const std::chrono::milliseconds& timeout) override {
-    ephemeral_->add(timeout, seq_ + 1);
+    ephemeral_->add(timeout, runner_.seq() + 1);
   }
 #endif
   // Times every op issued from now on (Work.get_duration), as
   // TORCH_NCCL_ENABLE_TIMING=1 does from the start.
   void enableCollectivesTiming() override {
-    timing_.store(true, std::memory_order_relaxed);
+    runner_.enableTiming();
   }
 #ifdef C10D_BACKEND_HAS_HOOKS
   // Run by the watchdog before it aborts the group on a timeout, an NCCL
@@ -394,7 +311,7 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
 
   // A one-sided op on the group's communicator (nccl/one_sided.h), from the
   // thread that runs the group's ops, run on `stream` as a synchronous op of
-  // the group through launch(): numbered, refused once the group failed,
+  // the group through the op runner: numbered, refused once the group failed,
   // timed by the watchdog outside stream capture, its errors naming it, its
   // peers, its number and the group.
   void runOneSided(
@@ -405,8 +322,6 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
       c10::function_ref<void()> enqueue) override;
 
  private:
-  friend class EndCoalescingOnError;
-
   // One-sided operations do not coalesce (NCCL would defer them to the
   // block's ncclGroupEnd, while the load/store engine runs at once):
   // RuntimeError naming `op` inside a block, which then ends.
@@ -427,7 +342,7 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
 #ifdef C10D_BACKEND_HAS_WINDOW
   friend class TorchWindow;
   // One op of a torch Window on `device` (backend/ops/windows.cpp): `enqueue`
-  // puts it on the stream given, through launch(), so it is numbered,
+  // puts it on the stream given, through the op runner, so it is numbered,
   // profiled and timed like the group's other ops.
   c10::intrusive_ptr<c10d::Work> runWindowOp(
       WindowOp op,
@@ -435,59 +350,12 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
       c10::function_ref<void(cudaStream_t)> enqueue);
 #endif
 
-  // Runs `enqueue(comm, stream)` for one op (backend/launch.cpp). Synchronous
-  // ops run on the current stream; async (and coalesced) ones on the internal
-  // stream after the current one, with the tensors kept alive until the op
-  // completes.
-  c10::intrusive_ptr<c10d::Work> launch(
-      const OpCall& call,
-      std::vector<at::Tensor> outputs,
-      std::vector<at::Tensor> inputs,
-      EnqueueFn enqueue,
-      LaunchOptions launchOptions = {});
-  // Routes the op (one look at its tensors) and numbers it.
-  OpPlan prepare(
-      const OpCall& call,
-      const std::vector<at::Tensor>& outputs,
-      const std::vector<at::Tensor>& inputs,
-      LaunchOptions launchOptions);
-  // Notes a capture (or drops retired Work outside one) and registers the
-  // NCCL memory routing found unregistered.
-  void beforeEnqueue(OpPlan& plan);
-  c10::intrusive_ptr<c10d::Work> runSync(
-      const OpPlan& plan,
-      EnqueueFn enqueue,
-      std::vector<at::Tensor> outputs);
-  c10::intrusive_ptr<c10d::Work> runAsync(
-      const OpPlan& plan,
-      EnqueueFn enqueue,
-      std::vector<at::Tensor> outputs,
-      std::vector<at::Tensor> inputs,
-      bool blocksHost);
-  c10::intrusive_ptr<c10d::Work> runCoalesced(
-      const OpPlan& plan,
-      EnqueueFn enqueue,
-      std::vector<at::Tensor> outputs,
-      std::vector<at::Tensor> inputs);
-  // The internal stream waits for the caller's.
-  void orderInternalStream(const OpPlan& plan);
-  // The op is enqueued on the internal stream, timed by `timing` if set.
-  void enqueueOnInternalStream(
-      const OpPlan& plan,
-      EnqueueFn enqueue,
-      OpTiming* timing = nullptr);
-  // Timing events for the op, when collectives timing is on.
-  std::unique_ptr<OpTiming> timingFor(const OpPlan& plan) const;
-  // A Work that owns no event: its op is ordered by the caller's stream, or
-  // by the coalesced block's Work.
-  c10::intrusive_ptr<NcclWork>
-  eventlessWork(const OpPlan& plan, std::vector<at::Tensor> outputs);
-
-  // The device an op on `tensor` runs on: the communicator's, which the
-  // first op creates on the tensor's device. Checks that `tensor` is a CUDA
-  // tensor fit for NCCL there (`what` names it in errors).
-  c10::DeviceIndex
-  deviceForOp(const at::Tensor& tensor, const char* op, const char* what);
+  // The communicator of an op on `tensor`, made by the group's first op on
+  // the tensor's device, after checking that `tensor` is a CUDA tensor; then
+  // checks that it is fit for NCCL on the communicator's device (`what`
+  // names it in errors).
+  Communicator&
+  communicatorFor(const at::Tensor& tensor, const char* op, const char* what);
 
   // A group over `comm`, made from this one: its options, and the timeout
   // and name `opts` give. `members` are its ranks in this group.
@@ -497,6 +365,14 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
       std::string name,
       const c10::intrusive_ptr<c10d::Backend::Options>& opts,
       const std::vector<int>& members);
+  // shrink() of a failed group: `members`, the ranks that stay, tear it
+  // down and make a communicator of their own through the store, as at init
+  // (`meeting`: the shrink's, whose keys the new one's extend).
+  c10::intrusive_ptr<c10d::Backend> reform(
+      const std::vector<int>& members,
+      const std::string& meeting,
+      std::string name,
+      const c10::intrusive_ptr<c10d::Backend::Options>& opts);
   // shrink's arguments, checked: the excluded ranks, sorted.
   std::vector<int> checkedExclusions(
       const std::vector<int64_t>& ranksToExclude,
@@ -529,24 +405,10 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   bool finalizeMeeting() noexcept;
   // Whether every enqueued op finished; true too when CUDA cannot say.
   bool idleOrBroken() noexcept;
-  // Ends a coalescing block left by an exception, raised by an op inside it
-  // or by torch before the next startCoalescing (torch's _coalescing_manager
-  // then never calls endCoalescing): ops queued in it run as one tracked Work
-  // that the caller's stream waits for, and the group takes ops again. A
-  // no-op outside a block. Never throws.
-  void abandonCoalescing() noexcept;
   // The group's communicator and its window-free twin, those made so far.
   std::vector<std::shared_ptr<Communicator>> madeCommunicators();
   // Why this rank cannot suspend the group now; empty if it can.
   std::string suspendRefusal();
-  // Every rank of the group meets in the store under `prefix` (rendezvous.h's
-  // meet, bounded by the group's timeout, given up once the group fails),
-  // adding `count` to the tally it returns.
-  int64_t meetEveryRank(std::string prefix, int64_t count);
-  // The next meeting of every rank for `purpose` (`count` numbers them, so
-  // each has keys of its own): its tally; rank 0 then removes the keys of
-  // the meeting before, which every rank has left.
-  int64_t meetNext(const char* purpose, int64_t& count, int64_t vote);
   // The ranks agree in the store that each can run the collective `op`;
   // RuntimeError on every rank if one cannot (`mine`: this rank's reason).
   void agreeToGoAhead(const char* op, const std::string& mine);
@@ -555,11 +417,7 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   void runOffload(const char* op, void (Communicator::*call)());
   [[noreturn]] void
   failOffload(const char* op, uint64_t seq, const std::string& cause);
-  // A store key of this communicator incarnation: a group re-created under
-  // the same name (re-init in one process) never reads the previous one's.
-  std::string storeKey(const char* name) const;
 
-  const c10::intrusive_ptr<c10d::Store> store_;
   const std::shared_ptr<const std::string> groupName_;
   const std::shared_ptr<const NcclCoreOptions> options_;
   std::atomic<std::chrono::milliseconds> timeout_;
@@ -569,21 +427,14 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   const std::vector<int64_t> globalRanks_;
   const int globalRank_;
   const size_t traceGroup_; // the group in the flight recorder
-  // How many nccl_core backends this rank made on this store before this
-  // one, counted in the store: every rank of the group gets the same number.
-  const int64_t incarnation_;
-  // shrink() calls on this group: each meeting of the ranks that stay gets
-  // keys of its own.
-  int64_t shrinks_ = 0;
-  // suspend() meetings, likewise.
-  int64_t offloads_ = 0;
-  // Window upgrade votes, likewise (one at a time: WindowUpgrade's lock).
-  int64_t upgradeVotes_ = 0;
-  const AgreeFn agreeOnUpgrade_ = [this](int64_t vote) {
-    return meetNext("window_upgrade", upgradeVotes_, vote);
-  };
 
   std::shared_ptr<FailureState> failure_ = std::make_shared<FailureState>();
+  // The ranks' meetings in the store (after timeout_ and failure_, which it
+  // reads).
+  GroupAgreement agreement_;
+  const AgreeFn agreeOnUpgrade_ = [this](int64_t vote) {
+    return agreement_.meetNext("window_upgrade", vote);
+  };
   const std::shared_ptr<BackendHooks> hooks_ = std::make_shared<BackendHooks>();
   const std::shared_ptr<EphemeralTimeouts> ephemeral_ =
       std::make_shared<EphemeralTimeouts>();
@@ -600,9 +451,6 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   // Orders setTimeout against the watchdog's creation (taken after
   // initMutex_ there).
   std::mutex timeoutMutex_;
-  std::shared_ptr<EventPool> events_;
-  std::optional<c10::cuda::CUDAStream> stream_; // internal stream for async ops
-  EventPool::Event ready_; // reused to order the internal stream
   std::unique_ptr<Watchdog> watchdog_;
   // Sends the one-sided ops on comm_ through runOneSided.
   std::unique_ptr<OneSidedLink> oneSidedLink_;
@@ -610,10 +458,6 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   // TORCH_NCCL_CORE_AUTO_REGISTER (default on): register NCCL memory that
   // ops touch.
   const bool autoRegister_;
-  // TORCH_NCCL_ENABLE_TIMING, or enableCollectivesTiming(): time every op.
-  std::atomic<bool> timing_;
-  // TORCH_NCCL_NAN_CHECK: refuse ops that send NaN (backend/ops/nan_check.h).
-  const bool nanCheck_;
   // Options.register_caching_allocator, where torch's allocator is one whose
   // segments can be tracked.
   const bool registersSegments_;
@@ -621,45 +465,15 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   // The twin, the copy engine and automatic registration; made with the
   // communicator.
   std::shared_ptr<CommRoutes> routes_;
-  uint64_t seq_ = 0;
   // Where suspendGroup() stands: ops are refused unless Active.
-  enum class OffloadState : uint8_t { Active, Suspending, Suspended };
   std::atomic<OffloadState> offloadState_{OffloadState::Active};
   // Memory pools registered (registerMemPool), with their registrations.
   std::mutex poolsMutex_;
   std::map<c10::MempoolId_t, std::vector<std::shared_ptr<RegisteredBuffer>>>
       pools_;
 
-  // Coalescing (an NCCL group spanning several ops).
-  bool coalescing_ = false;
-  // Set while an NCCL group is open: it keeps the communicator from being
-  // freed until ncclGroupEnd returned (Communicator::Use).
-  std::optional<Communicator::Use> coalescedGroup_;
-  std::vector<at::Tensor> coalescedTensors_;
-  std::optional<at::Device> coalescedDevice_;
-  std::unique_ptr<OpTiming> coalescedTiming_;
-  std::vector<size_t> coalescedTraces_; // flight recorder ids of the block
-  uint64_t coalescedFirstSeq_ = 0;      // the number of the block's first op
-};
-
-// Placed first in every op: if the op raises inside a coalescing block, the
-// block ends (see NcclCoreBackend::abandonCoalescing).
-class EndCoalescingOnError {
- public:
-  explicit EndCoalescingOnError(NcclCoreBackend& backend)
-      : backend_(backend.coalescing_ ? &backend : nullptr),
-        uncaught_(backend_ ? std::uncaught_exceptions() : 0) {}
-  EndCoalescingOnError(const EndCoalescingOnError&) = delete;
-  EndCoalescingOnError& operator=(const EndCoalescingOnError&) = delete;
-  ~EndCoalescingOnError() {
-    if (backend_ && std::uncaught_exceptions() > uncaught_) {
-      backend_->abandonCoalescing();
-    }
-  }
-
- private:
-  NcclCoreBackend* const backend_;
-  const int uncaught_;
+  // Every op's spine (op_runner.h): last, so that it goes first.
+  OpRunner runner_;
 };
 
 } // namespace nccl_core

@@ -115,6 +115,29 @@ std::vector<int> NcclCoreBackend::checkedExclusions(
   return std::vector<int>(seen.begin(), seen.end());
 }
 
+c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::reform(
+    const std::vector<int>& members,
+    const std::string& meeting,
+    std::string name,
+    const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
+  // A rank that had not seen the group fail ends its ops on the dead peer.
+  teardownWithoutFinalizing(
+      c10::str(
+          "nccl_core group '",
+          *groupName_,
+          "' was shrunk after a rank of it failed"));
+  const int rank = static_cast<int>(
+      std::find(members.begin(), members.end(), getRank()) - members.begin());
+  auto comm = newCommunicator(
+      meeting + "/reform",
+      rank,
+      static_cast<int>(members.size()),
+      deviceForOpWithoutTensors({}).index(),
+      name);
+  return child(
+      agreement_.store(), std::move(comm), std::move(name), opts, members);
+}
+
 c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::shrink(
     const std::vector<int64_t>& ranksToExclude,
     int shrinkFlags,
@@ -131,37 +154,16 @@ c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::shrink(
                          : *groupName_ + ":shrunk";
   // The ranks that stay agree on how: a rank idle when a peer died may not
   // have seen the group fail yet.
-  const std::string meeting = c10::str("shrink/", ++shrinks_);
-  const int64_t failed = meet(
-      {*store_,
-       storeKey(meeting.c_str()),
-       timeout_.load(),
-       c10::str("group '", *groupName_, "'")},
-      getRank(),
-      members,
-      failure_->failed() ? 1 : 0);
+  const std::string meeting = agreement_.next("shrink");
+  const int64_t failed =
+      agreement_.meetAmong(meeting, members, failure_->failed() ? 1 : 0);
   if (failed > 0) {
     // The failed group's communicator was aborted with it, and NCCL could not
     // have shrunk it anyway: after a peer's death, ncclCommShrink's
     // ncclCommEnsureReady hands back the error the parent's proxy recorded,
     // SHRINK_ABORT or not (NCCL 2.28-2.30, init.cc). The ranks that stay make
     // a communicator of their own instead, as at init, whatever the flags.
-    // A rank that had not seen it fail ends its ops on the dead peer too.
-    teardownWithoutFinalizing(
-        c10::str(
-            "nccl_core group '",
-            *groupName_,
-            "' was shrunk after a rank of it failed"));
-    const int rank = static_cast<int>(
-        std::find(members.begin(), members.end(), getRank()) - members.begin());
-    auto comm = newCommunicator(
-        meeting + "/reform",
-        rank,
-        static_cast<int>(members.size()),
-        deviceForOpWithoutTensors({}).index(),
-        name);
-    return child(
-        store_, std::move(comm), std::move(name), optsOverride, members);
+    return reform(members, meeting, std::move(name), optsOverride);
   }
   // Making the communicator now would wait for the excluded ranks.
   NCCL_CORE_CHECK_STATE(
@@ -203,7 +205,12 @@ c10::intrusive_ptr<c10d::Backend> NcclCoreBackend::shrink(
     // group learns that this one never finalizes it.
     teardownWithoutFinalizing(ended);
   }
-  return child(store_, std::move(comm), std::move(name), optsOverride, members);
+  return child(
+      agreement_.store(),
+      std::move(comm),
+      std::move(name),
+      optsOverride,
+      members);
 }
 
 } // namespace nccl_core

@@ -26,7 +26,7 @@ std::string NcclCoreBackend::suspendRefusal() {
   if (failure_->failed()) {
     return c10::str("the group has failed: ", failure_->message());
   }
-  if (coalescing_) {
+  if (runner_.coalescing()) {
     return "a coalescing block is open; end it first";
   }
   for (const auto& comm : madeCommunicators()) {
@@ -46,7 +46,7 @@ std::string NcclCoreBackend::suspendRefusal() {
 }
 
 void NcclCoreBackend::agreeToGoAhead(const char* op, const std::string& mine) {
-  const int64_t refusing = meetNext(op, offloads_, mine.empty() ? 0 : 1);
+  const int64_t refusing = agreement_.meetNext(op, mine.empty() ? 0 : 1);
   failure_->raiseIfFailed();
   NCCL_CORE_CHECK_STATE(
       refusing == 0,
@@ -68,7 +68,7 @@ void NcclCoreBackend::runOffload(const char* op, void (Communicator::*call)()) {
   }
   // Timed like an op: a rank that never comes is ended by the watchdog's
   // abort, which revokes the communicator under the call.
-  const uint64_t seq = ++seq_;
+  const uint64_t seq = runner_.nextSeq();
   const Watchdog::Enqueueing timed(*watchdog_, op, seq, timeout_.load());
   for (size_t done = 0; done < comms.size(); ++done) {
     try {

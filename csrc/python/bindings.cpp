@@ -70,10 +70,7 @@ std::string repr(const NcclCoreOptions& o) {
       ")");
 }
 
-// Long, but a list: one pybind11 definition per bound name.
-void bindOptions(py::module_& m) {
-  py::class_<NcclCoreOptions, std::shared_ptr<NcclCoreOptions>>(
-      m, "Options", R"(Options of an nccl_core process group.
+constexpr const char* kOptionsDoc = R"(Options of an nccl_core process group.
 
 Pass as ``pg_options`` to ``init_process_group`` / ``new_group``. Fields left
 ``None`` keep NCCL's defaults (and its ``NCCL_*`` environment variables;
@@ -117,42 +114,50 @@ rank; for programs that pass the same buffers to those ops on every rank.
 ``None`` follows ``TORCH_NCCL_CORE_WINDOW_UPGRADE`` (default off).
 ``cta_policy``: NCCL's CTA policy, ``'default'``, ``'efficiency'`` or
 ``'zero'`` (all_gather and all_to_all on copy engines, no SMs, where NCCL can:
-within a node, and across nodes from NCCL 2.30.7); ``None`` keeps NCCL's.)")
+within a node, and across nodes from NCCL 2.30.7); ``None`` keeps NCCL's.)";
+
+// Options(...): the fields as Python names them, validated.
+std::shared_ptr<NcclCoreOptions> makeOptions(
+    std::optional<std::chrono::milliseconds> timeout,
+    bool highPriorityStream,
+    std::optional<bool> blocking,
+    std::optional<int> cgaClusterSize,
+    std::optional<int> minCtas,
+    std::optional<int> maxCtas,
+    std::optional<std::string> netName,
+    std::optional<bool> splitShare,
+    std::optional<std::string> commName,
+    std::optional<bool> copyEngineReduceScatter,
+    std::optional<std::string> allReduceKernels,
+    std::optional<bool> gatherScatterKernels,
+    std::optional<bool> registerCachingAllocator,
+    std::optional<bool> windowUpgrade,
+    std::optional<std::string> ctaPolicy) {
+  auto o = std::make_shared<NcclCoreOptions>();
+  o->timeout = timeout;
+  o->highPriorityStream = highPriorityStream;
+  o->blocking = blocking;
+  o->cgaClusterSize = cgaClusterSize;
+  o->minCtas = minCtas;
+  o->maxCtas = maxCtas;
+  o->netName = std::move(netName);
+  o->splitShare = splitShare;
+  o->commName = std::move(commName);
+  o->copyEngineReduceScatter = copyEngineReduceScatter;
+  o->allReduceKernels = std::move(allReduceKernels);
+  o->gatherScatterKernels = gatherScatterKernels;
+  o->registerCachingAllocator = registerCachingAllocator;
+  o->windowUpgrade = windowUpgrade;
+  o->ctaPolicy = std::move(ctaPolicy);
+  o->validate();
+  return o;
+}
+
+void bindOptions(py::module_& m) {
+  py::class_<NcclCoreOptions, std::shared_ptr<NcclCoreOptions>>(
+      m, "Options", kOptionsDoc)
       .def(
-          py::init([](std::optional<std::chrono::milliseconds> timeout,
-                      bool highPriorityStream,
-                      std::optional<bool> blocking,
-                      std::optional<int> cgaClusterSize,
-                      std::optional<int> minCtas,
-                      std::optional<int> maxCtas,
-                      std::optional<std::string> netName,
-                      std::optional<bool> splitShare,
-                      std::optional<std::string> commName,
-                      std::optional<bool> copyEngineReduceScatter,
-                      std::optional<std::string> allReduceKernels,
-                      std::optional<bool> gatherScatterKernels,
-                      std::optional<bool> registerCachingAllocator,
-                      std::optional<bool> windowUpgrade,
-                      std::optional<std::string> ctaPolicy) {
-            auto o = std::make_shared<NcclCoreOptions>();
-            o->timeout = timeout;
-            o->highPriorityStream = highPriorityStream;
-            o->blocking = blocking;
-            o->cgaClusterSize = cgaClusterSize;
-            o->minCtas = minCtas;
-            o->maxCtas = maxCtas;
-            o->netName = std::move(netName);
-            o->splitShare = splitShare;
-            o->commName = std::move(commName);
-            o->copyEngineReduceScatter = copyEngineReduceScatter;
-            o->allReduceKernels = std::move(allReduceKernels);
-            o->gatherScatterKernels = gatherScatterKernels;
-            o->registerCachingAllocator = registerCachingAllocator;
-            o->windowUpgrade = windowUpgrade;
-            o->ctaPolicy = std::move(ctaPolicy);
-            o->validate();
-            return o;
-          }),
+          py::init(&makeOptions),
           py::kw_only(),
           py::arg("timeout") = py::none(),
           py::arg("high_priority_stream") = false,

@@ -126,10 +126,8 @@ py::object ginTypeOf(int value) {
   return py::module_::import("torch_nccl_core.dev_comm").attr("GinType")(value);
 }
 
-} // namespace
-
-// Long, but a list: one pybind11 definition per bound name.
-void bindOneSided(py::module_& m) {
+// DevComm and WaitSignalDesc.
+void bindOneSidedTypes(py::module_& m) {
   py::class_<DevComm, CommResource, std::shared_ptr<DevComm>>(
       m, "DevComm", "A device communicator (ncclDevComm) of a communicator.")
       .def_property_readonly("ptr", &DevComm::ptr)
@@ -154,10 +152,13 @@ void bindOneSided(py::module_& m) {
       .def_readonly("op_count", &WaitSignalDesc::opCount)
       .def_readonly("signal_index", &WaitSignalDesc::signalIndex)
       .def_readonly("context", &WaitSignalDesc::context);
+}
 
-  auto cls = py::reinterpret_borrow<
-      py::class_<Communicator, std::shared_ptr<Communicator>>>(
-      m.attr("Communicator"));
+using CommunicatorClass =
+    py::class_<Communicator, std::shared_ptr<Communicator>>;
+
+// Communicator's one-sided methods: put_signal, signal, wait_signal.
+void bindSignals(CommunicatorClass& cls) {
   cls.def(
          "put_signal",
          &putSignalChecked,
@@ -209,25 +210,29 @@ void bindOneSided(py::module_& m) {
           },
           py::arg("descs"),
           py::kw_only(),
-          py::arg("stream") = py::none())
-      .def(
-          "create_dev_comm",
-          [](Communicator& comm, const py::object& requirements) {
-            std::map<std::string, int64_t> fields;
-            if (!requirements.is_none()) {
-              NCCL_CORE_CHECK_ARG_TYPE(
-                  py::hasattr(requirements, "_nccl_fields"),
-                  "create_dev_comm",
-                  "requirements must be a "
-                  "torch_nccl_core.DevCommRequirements or None");
-              fields = requirements.attr("_nccl_fields")()
-                           .cast<std::map<std::string, int64_t>>();
-            }
-            py::gil_scoped_release noGil;
-            return createDevComm(comm, fields);
-          },
-          py::arg("requirements") = py::none(),
-          "Creates a device communicator (collective).")
+          py::arg("stream") = py::none());
+}
+
+// Communicator's device communicators and what NCCL gave it.
+void bindDeviceSupport(CommunicatorClass& cls) {
+  cls.def(
+         "create_dev_comm",
+         [](Communicator& comm, const py::object& requirements) {
+           std::map<std::string, int64_t> fields;
+           if (!requirements.is_none()) {
+             NCCL_CORE_CHECK_ARG_TYPE(
+                 py::hasattr(requirements, "_nccl_fields"),
+                 "create_dev_comm",
+                 "requirements must be a "
+                 "torch_nccl_core.DevCommRequirements or None");
+             fields = requirements.attr("_nccl_fields")()
+                          .cast<std::map<std::string, int64_t>>();
+           }
+           py::gil_scoped_release noGil;
+           return createDevComm(comm, fields);
+         },
+         py::arg("requirements") = py::none(),
+         "Creates a device communicator (collective).")
       .def_property_readonly(
           "gin_type",
           [](Communicator& comm) {
@@ -260,6 +265,15 @@ void bindOneSided(py::module_& m) {
           "need from NCCL 2.29 on (ranks load/store reachable, or GIN reaching "
           "them; register_window gives None elsewhere); True before 2.29.")
       .def("_no_window_reason", &noWindowReason);
+}
+
+} // namespace
+
+void bindOneSided(py::module_& m) {
+  bindOneSidedTypes(m);
+  auto cls = py::reinterpret_borrow<CommunicatorClass>(m.attr("Communicator"));
+  bindSignals(cls);
+  bindDeviceSupport(cls);
   m.def("one_sided_engine", [] {
     return oneSidedEngine() == OneSidedEngine::Host ? "nccl" : "load_store";
   });

@@ -154,15 +154,11 @@ class WatchdogUnderTest {
   // Tracks an async Work whose op already finished (it owns no event), as
   // launch() does; returns its completion key (torch >= 2.15), else `seq`.
   uint64_t trackFinishedOp(uint64_t seq) {
-    auto work = c10::make_intrusive<NcclWork>(
+    auto work = c10::make_intrusive<NcclWork>(WorkSpec{
         OpInfo{c10d::OpType::ALLREDUCE, "allreduce", seq},
         at::Device(at::kCUDA, 0),
         std::make_shared<const std::string>("g"),
-        EventPool::Event{},
-        std::chrono::milliseconds(30000),
-        std::vector<at::Tensor>{},
-        std::vector<at::Tensor>{},
-        false);
+        std::chrono::milliseconds(30000)});
 #if NCCL_CORE_HAS_COMPLETION_HOOKS
     const uint64_t key = work->getCompletionKey();
 #else
@@ -226,7 +222,28 @@ void bindFakeNcclClass(py::module_& testing) {
       .def_property_readonly("live", &Fake::live)
       .def_property_readonly("aborted_under_call", &Fake::abortedUnderCall)
       .def_property_readonly("used_after_free", &Fake::usedAfterFree)
-      .def_property_readonly("last_shrink_flags", &Fake::lastShrinkFlags);
+      .def_property_readonly("last_shrink_flags", &Fake::lastShrinkFlags)
+      .def("record", &Fake::record, py::arg("on") = true)
+      .def(
+          "recorded",
+          [](Fake& fake) {
+            py::list records;
+            for (const auto& r : fake.takeRecorded()) {
+              py::dict record;
+              record["call"] = r.call;
+              record["buffers"] = r.buffers;
+              record["count"] = r.count;
+              record["dtype"] = r.dtype;
+              record["op"] = r.op;
+              record["peer"] = r.peer;
+              record["rank"] = r.rank;
+              record["stream"] = r.stream;
+              records.append(record);
+            }
+            return records;
+          },
+          "The calls recorded since the last look, as dicts (Record's "
+          "fields).");
 }
 
 // Communicators of the fake: made, split, shrunk, grown, joined.
@@ -621,4 +638,5 @@ PYBIND11_MODULE(_testing, testing) {
   bindFakeNccl(testing);
   bindFlightRecorder(testing);
   bindRoutes(testing);
+  bindNcclCalls(testing);
 }

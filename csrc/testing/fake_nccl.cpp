@@ -201,14 +201,43 @@ FakeNccl::Comm* commAmong(FakeNccl::Comm* found, Arg arg) {
   }
 }
 
+template <typename>
+constexpr bool kUnknownArgument = false;
+
+// An argument of a collective or point-to-point call, in its record: each
+// kind of argument has a type of its own in nccl.h.
+template <typename Arg>
+void describe(FakeNccl::Record& record, Arg arg) {
+  if constexpr (std::is_same_v<Arg, ncclComm_t>) {
+    record.rank = fakeOf(arg)->rank;
+  } else if constexpr (std::is_same_v<Arg, cudaStream_t>) {
+    record.stream = reinterpret_cast<uintptr_t>(arg);
+  } else if constexpr (std::is_pointer_v<Arg>) {
+    record.buffers.push_back(reinterpret_cast<uintptr_t>(arg));
+  } else if constexpr (std::is_same_v<Arg, size_t>) {
+    record.count = arg;
+  } else if constexpr (std::is_same_v<Arg, ncclDataType_t>) {
+    record.dtype = arg;
+  } else if constexpr (std::is_same_v<Arg, ncclRedOp_t>) {
+    record.op = arg;
+  } else if constexpr (std::is_same_v<Arg, int>) {
+    record.peer = arg;
+  } else {
+    static_assert(kUnknownArgument<Arg>, "an argument of unknown meaning");
+  }
+}
+
 // Collectives and point-to-point calls enqueue nothing: on a GPU machine the
 // backend's own host time per call can then be told from NCCL's
 // (benchmarks/collectives.py --noop-nccl). One template serves every
-// signature: the call is counted on the communicator it names.
+// signature: the call is counted on the communicator it names, and recorded.
 template <const char* kCall, typename... Args>
 ncclResult_t enqueueNothing(Args... args) {
   FakeNccl::Comm* comm = nullptr;
   ((comm = commAmong(comm, args)), ...);
+  FakeNccl::Record record{kCall};
+  (describe(record, args), ...);
+  FakeNccl::current().note(std::move(record));
   return Call(kCall, comm).result;
 }
 
@@ -272,7 +301,13 @@ const char* lastError(ncclComm_t /*comm*/) {
   return "fake NCCL";
 }
 
-ncclResult_t group() {
+ncclResult_t groupStart() {
+  FakeNccl::current().note({"ncclGroupStart"});
+  return ncclSuccess;
+}
+
+ncclResult_t groupEnd() {
+  FakeNccl::current().note({"ncclGroupEnd"});
   return ncclSuccess;
 }
 
@@ -320,8 +355,8 @@ FakeNccl::FakeNccl(bool realCuda, bool revoke, bool suspend, bool grow) {
   table_.commMemStats = suspend ? &memStats : nullptr;
   table_.commGetUniqueId = grow ? &growId : nullptr;
   table_.commGrow = grow ? &growComm : nullptr;
-  table_.groupStart = &group;
-  table_.groupEnd = &group;
+  table_.groupStart = &groupStart;
+  table_.groupEnd = &groupEnd;
   scriptNothing<kAllReduce>(table_.allReduce);
   scriptNothing<kBroadcast>(table_.broadcast);
   scriptNothing<kReduce>(table_.reduce);
@@ -380,6 +415,23 @@ void FakeNccl::failNext(const std::string& call, int result) {
 void FakeNccl::setAsyncError(int result) {
   std::lock_guard<std::mutex> lock(mutex_);
   asyncError_ = static_cast<ncclResult_t>(result);
+}
+
+void FakeNccl::record(bool on) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  recording_ = on;
+}
+
+std::vector<FakeNccl::Record> FakeNccl::takeRecorded() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::exchange(recorded_, {});
+}
+
+void FakeNccl::note(Record record) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (recording_) {
+    recorded_.push_back(std::move(record));
+  }
 }
 
 int FakeNccl::calls(const std::string& call) {

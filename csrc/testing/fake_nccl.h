@@ -7,7 +7,9 @@
 // is counted instead. Collectives and point-to-point calls enqueue nothing, so
 // that a benchmark on a GPU can tell the backend's host time from NCCL's;
 // registrations and windows hand out handles that stand for nothing. Entry
-// points no such path reaches (memory, one-sided) stay null.
+// points no such path reaches (memory, one-sided) stay null. On request it
+// records each collective, point-to-point and group call with its arguments,
+// so that CPU tests read what an op asked NCCL.
 #pragma once
 
 #include <condition_variable>
@@ -61,6 +63,24 @@ class FakeNccl {
   int calls(const std::string& call);
   // Threads inside `call` now (held, or not yet returned).
   int inside(const std::string& call);
+  // A collective, point-to-point or group call as NCCL was asked it.
+  struct Record {
+    std::string call;               // "ncclAllReduce", "ncclGroupStart", ...
+    std::vector<uintptr_t> buffers; // the send buffer, then the receive one
+    size_t count = 0;
+    int dtype = -1;
+    int op = -1;   // the reduce op
+    int peer = -1; // the root or the peer
+    int rank = -1; // the communicator's rank
+    uintptr_t stream = 0;
+  };
+  // Records calls from now on (`on`), or no longer.
+  void record(bool on);
+  // The calls recorded since the last take.
+  std::vector<Record> takeRecorded();
+  // For the entry points: keeps `record` if recording.
+  void note(Record record);
+
   // What ncclCommMemStats reports of every communicator: bytes suspend
   // releases, and bytes it keeps.
   static constexpr uint64_t kSuspendableBytes = 1 << 20;
@@ -135,6 +155,8 @@ class FakeNccl {
   int abortedUnderCall_ = 0;
   int usedAfterFree_ = 0;
   int lastShrinkFlags_ = -1;
+  bool recording_ = false;
+  std::vector<Record> recorded_;
   std::vector<std::unique_ptr<Comm>> comms_; // never freed: misuse is seen
   NcclApi table_{};
 };

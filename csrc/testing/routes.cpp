@@ -62,9 +62,7 @@ std::string route(
   return onTwin ? "twin" : "group";
 }
 
-} // namespace
-
-void bindRoutes(py::module_& testing) {
+void bindRoutesClass(py::module_& testing) {
   py::class_<CommRoutes, std::shared_ptr<CommRoutes>>(
       testing,
       "CommRoutes",
@@ -116,6 +114,10 @@ void bindRoutes(py::module_& testing) {
       .def("registration_stats", [](CommRoutes& routes) {
         return registrationStatsDict(routes.registrationStats());
       });
+}
+
+// The allocation table and the caching allocator's segment tracker.
+void bindAllocations(py::module_& testing) {
   testing.def(
       "record_allocation",
       [](const at::Tensor& tensor, bool perTensor) {
@@ -161,6 +163,10 @@ void bindRoutes(py::module_& testing) {
       [](const at::Tensor& tensor) { forgetAllocation(tensor.data_ptr()); },
       py::arg("tensor"),
       "As freeing NCCL memory does: what covers it is released first.");
+}
+
+// Windows of the fake's communicators, and the layouts NCCL would refuse.
+void bindWindows(py::module_& testing) {
   testing.def(
       "register_window",
       [](Communicator& comm,
@@ -206,6 +212,14 @@ void bindRoutes(py::module_& testing) {
       py::arg("own_sizes"),
       "Why NCCL could not serve these parts (allocation bytes, offset, "
       "bytes, flags, refused; by rank) as one window; None where it could.");
+}
+
+} // namespace
+
+void bindRoutes(py::module_& testing) {
+  bindRoutesClass(testing);
+  bindAllocations(testing);
+  bindWindows(testing);
 }
 
 } // namespace nccl_core

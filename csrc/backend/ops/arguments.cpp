@@ -1,6 +1,7 @@
 #include "backend/ops/arguments.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/safe_numerics.h>
 
 #include "nccl/communicator.h"
 #include "nccl/dtypes.h"
@@ -33,6 +34,22 @@ checkedOffsetBytes(const at::Tensor& src, const PutTarget& to, const char* op) {
       "window size");
   return static_cast<size_t>(to.offset) * src.element_size();
 }
+constexpr const char* kAllToAll = "alltoall_base";
+
+// Per-rank element counts of an all-to-all side without splits: equal parts.
+std::vector<int64_t>
+evenCounts(const at::Tensor& tensor, int worldSize, const char* what) {
+  NCCL_CORE_CHECK_ARG(
+      tensor.numel() % worldSize == 0,
+      kAllToAll,
+      what,
+      " has ",
+      tensor.numel(),
+      " elements, not divisible by the world size ",
+      worldSize);
+  return std::vector<int64_t>(worldSize, tensor.numel() / worldSize);
+}
+
 } // namespace
 
 NcclBuffer bufferOf(const at::Tensor& tensor, const char* op) {
@@ -199,6 +216,66 @@ PutSignal checkedPutSignal(
       static_cast<int>(to.peer),
       to.window,
       checkedOffsetBytes(src, to, op)};
+}
+
+std::vector<int64_t> allToAllCounts(
+    const at::Tensor& tensor,
+    const std::vector<int64_t>& splits,
+    int worldSize,
+    const char* what) {
+  if (splits.empty()) {
+    return evenCounts(tensor, worldSize, what);
+  }
+  NCCL_CORE_CHECK_ARG(
+      tensor.dim() >= 1, kAllToAll, what, " splits need a dim 0");
+  const int64_t rows = tensor.size(0);
+  const int64_t rowElems = rows == 0 ? 0 : tensor.numel() / rows;
+  std::vector<int64_t> counts(worldSize);
+  NCCL_CORE_CHECK_ARG(
+      static_cast<int>(splits.size()) == worldSize,
+      kAllToAll,
+      "expected one ",
+      what,
+      " split per rank (",
+      worldSize,
+      "), got ",
+      splits.size());
+  int64_t total = 0;
+  for (int r = 0; r < worldSize; ++r) {
+    NCCL_CORE_CHECK_ARG(
+        splits[r] >= 0,
+        kAllToAll,
+        what,
+        " splits must be >= 0, got ",
+        splits[r]);
+    // Overflow-checked: a split near INT64_MAX must not wrap into a sum
+    // that matches dim 0.
+    NCCL_CORE_CHECK_ARG(
+        !c10::add_overflows(total, splits[r], &total) &&
+            !c10::mul_overflows(splits[r], rowElems, &counts[r]),
+        kAllToAll,
+        what,
+        " splits overflow int64 (split ",
+        r,
+        " is ",
+        splits[r],
+        ")");
+  }
+  NCCL_CORE_CHECK_ARG(
+      total == rows,
+      kAllToAll,
+      what,
+      " splits sum to ",
+      total,
+      " but dim 0 of the ",
+      what,
+      " is ",
+      rows);
+  return counts;
+}
+
+c10::DeviceIndex deviceOf(const Communicator& comm) {
+  return static_cast<c10::DeviceIndex>(comm.device());
 }
 
 } // namespace nccl_core

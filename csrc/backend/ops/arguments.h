@@ -58,6 +58,17 @@ void checkPerRankList(
 
 void checkRank(int64_t rank, int worldSize, const char* op, const char* what);
 
+// Per-rank element counts of one side of all_to_all_single (`what`: "input"
+// or "output"): `splits` rows of dim 0 each, or equal parts without splits.
+std::vector<int64_t> allToAllCounts(
+    const at::Tensor& tensor,
+    const std::vector<int64_t>& splits,
+    int worldSize,
+    const char* what);
+
+// The CUDA device of `comm`, as c10 numbers it.
+c10::DeviceIndex deviceOf(const Communicator& comm);
+
 // A coalesced op's lists: one output per input, at least one.
 void checkPaired(
     const std::vector<at::Tensor>& outputs,

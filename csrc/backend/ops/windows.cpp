@@ -37,12 +37,12 @@ c10::intrusive_ptr<c10d::Work> NcclCoreBackend::runWindowOp(
   detail.waitsOnPeers = op.waits;
   LaunchOptions options = LaunchOptions::withPeer(op.peer);
   options.oneSided = &detail;
-  return launch(
+  return runner_.launch(
       OpCall{c10d::OpType::UNKNOWN, op.name, device, op.asyncOp, op.timeout},
       {},
       std::move(op.inputs),
-      [&](const NcclApi&, ncclComm_t, cudaStream_t stream) {
-        enqueue(stream);
+      [&](const NcclTarget& to) {
+        enqueue(to.stream);
         return ncclSuccess;
       },
       options);

@@ -38,26 +38,34 @@ const std::vector<at::Tensor>& sentTensors(
     const std::vector<at::Tensor>& outputs,
     const std::vector<at::Tensor>& inputs);
 
+// What a Work stands for: its op, the device and group it ran on, its
+// timeout; the event recorded after it (none where the caller's stream, or
+// the coalesced block's Work, orders it); the outputs result() returns, what
+// it keeps alive until the op finished, and whether wait() blocks the host
+// (barrier).
+struct WorkSpec {
+  OpInfo info;
+  at::Device device;
+  std::shared_ptr<const std::string> groupName;
+  std::chrono::milliseconds timeout;
+  EventPool::Event end{};
+  std::vector<at::Tensor> outputs{};
+  std::vector<at::Tensor> stash{};
+  bool blocksHost = false;
+};
+
 class NcclWork : public c10d::Work {
  public:
-  NcclWork(
-      OpInfo info,
-      at::Device device,
-      std::shared_ptr<const std::string> groupName,
-      EventPool::Event end,
-      std::chrono::milliseconds timeout,
-      std::vector<at::Tensor> outputs,
-      std::vector<at::Tensor> stash,
-      bool blocksHost)
-      : c10d::Work(-1, info.type),
-        info_(info),
-        device_(device),
-        groupName_(std::move(groupName)),
-        end_(std::move(end)),
-        deadline_(std::chrono::steady_clock::now() + timeout),
-        blocksHost_(blocksHost),
-        outputs_(std::move(outputs)),
-        stash_(std::move(stash)) {}
+  explicit NcclWork(WorkSpec spec)
+      : c10d::Work(-1, spec.info.type),
+        info_(spec.info),
+        device_(spec.device),
+        groupName_(std::move(spec.groupName)),
+        end_(std::move(spec.end)),
+        deadline_(std::chrono::steady_clock::now() + spec.timeout),
+        blocksHost_(spec.blocksHost),
+        outputs_(std::move(spec.outputs)),
+        stash_(std::move(spec.stash)) {}
   ~NcclWork() override;
 
   bool isCompleted() override;
