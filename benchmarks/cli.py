@@ -133,8 +133,12 @@ def noop_nccl(core):
     of them is destroyed."""
     if core is None:
         raise SystemExit("--noop-nccl needs torch_nccl_core")
-    import torch_nccl_core._testing
-
+    try:
+        import torch_nccl_core._testing
+    except ImportError:
+        raise SystemExit(
+            "--noop-nccl needs the extension built with TORCH_NCCL_CORE_TESTING=1"
+        ) from None
     return torch_nccl_core._testing.FakeNccl(real_cuda=True)
 
 

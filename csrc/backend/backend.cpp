@@ -15,8 +15,6 @@
 #include "backend/ops/arguments.h"
 #include "backend/ops/nan_check.h"
 #include "backend/runtime/flight_recorder.h"
-#include "backend/runtime/op_profile.h"
-#include "backend/runtime/op_timing.h"
 #include "backend/runtime/rendezvous.h"
 #include "nccl/api.h"
 #include "nccl/caching_allocator_segments.h"

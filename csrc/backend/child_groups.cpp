@@ -7,7 +7,6 @@
 #include <set>
 
 #include "backend/backend.h"
-#include "backend/runtime/rendezvous.h"
 #include "nccl/errors.h"
 
 namespace nccl_core {

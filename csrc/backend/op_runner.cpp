@@ -73,6 +73,9 @@ void OpRunner::enqueueChecked(
     EnqueueFn enqueue,
     const c10::cuda::CUDAStream& stream,
     OpTiming* timing) {
+  // The op's calls go to `stream`, and so do the copies and temporaries they
+  // make (NcclTarget).
+  const c10::cuda::CUDAStreamGuard onStream(stream);
   try {
     // Captured, NCCL only records the op: the watchdog stays out of a capture.
     std::optional<Watchdog::Enqueueing> timed;
@@ -250,7 +253,7 @@ c10::intrusive_ptr<c10d::Work> OpRunner::runAsync(
     bool blocksHost) {
   std::unique_ptr<OpTiming> timing = timingFor(plan);
   orderInternalStream(plan);
-  enqueueOnInternalStream(plan, enqueue, timing.get());
+  enqueueChecked(plan, enqueue, parts_->stream, timing.get());
   inputs.insert(inputs.end(), outputs.begin(), outputs.end());
   std::vector<size_t> traces;
   if (plan.trace) {
@@ -311,7 +314,7 @@ c10::intrusive_ptr<c10d::Work> OpRunner::runCoalesced(
       block.timing->start.record(parts_->stream);
     }
   }
-  enqueueOnInternalStream(plan, enqueue);
+  enqueueChecked(plan, enqueue, parts_->stream);
   if (plan.trace) {
     block.traces.push_back(*plan.trace);
   }
@@ -325,15 +328,6 @@ c10::intrusive_ptr<c10d::Work> OpRunner::runCoalesced(
 void OpRunner::orderInternalStream(const OpPlan& plan) {
   C10_CUDA_CHECK(cudaEventRecord(ready_.get(), plan.current.stream()));
   C10_CUDA_CHECK(cudaStreamWaitEvent(parts_->stream.stream(), ready_.get(), 0));
-}
-
-void OpRunner::enqueueOnInternalStream(
-    const OpPlan& plan,
-    EnqueueFn enqueue,
-    OpTiming* timing) {
-  // Temporaries made while enqueueing belong to the internal stream.
-  const c10::cuda::CUDAStreamGuard guard(parts_->stream);
-  enqueueChecked(plan, enqueue, parts_->stream, timing);
 }
 
 std::unique_ptr<OpTiming> OpRunner::timingFor(const OpPlan& plan) const {
@@ -354,7 +348,8 @@ void OpRunner::startCoalescing() {
   // A block still open was left by an exception outside this backend (torch's
   // own checks inside _coalescing_manager): end it rather than refuse forever.
   abandonCoalescing();
-  block_.emplace(CoalescedBlock{seq_ + 1});
+  block_.emplace();
+  block_->firstSeq = seq_ + 1;
 }
 
 c10::intrusive_ptr<c10d::Work> OpRunner::endCoalescing() {
@@ -398,7 +393,10 @@ c10::intrusive_ptr<c10d::Work> OpRunner::endCoalescing() {
   }
   enqueueChecked(
       plan,
-      [](const NcclTarget& to) { return to.api().groupEnd(); },
+      [](const NcclTarget& to) {
+        to.check(to.api().groupEnd(), "ncclGroupEnd");
+        return ncclSuccess;
+      },
       parts_->stream);
   if (block.timing) {
     block.timing->end.record(parts_->stream);

@@ -6,8 +6,9 @@
 // group's internal one and hand back its Work. A coalescing block
 // (startCoalescing to endCoalescing) ends as one more op of the spine:
 // ncclGroupEnd, enqueued and checked as every op is, and one tracked Work.
-// NcclCoreBackend holds one and hands it each op; PyTorch's nccl2 splits
-// ProcessGroupNCCLBackend (the c10d surface) from its engine the same way.
+// NcclCoreBackend holds one and hands it each op, as PyTorch's c10d/nccl2
+// splits the c10d surface (ProcessGroupNCCLBackend.cpp) from the engine
+// (ProcessGroupNCCL.cpp).
 #pragma once
 
 #include <c10/cuda/CUDAStream.h>
@@ -226,9 +227,10 @@ class OpRunner {
       EnqueueFn enqueue,
       std::vector<at::Tensor> outputs,
       std::vector<at::Tensor> inputs);
-  // Runs the op's NCCL calls (or its engine) as a host call the watchdog
-  // times, checked; a failure raises DistBackendError naming the op, its
-  // number and the group, and the group's failure where it failed.
+  // Runs the op's NCCL calls (or its engine) on `stream`, made the current
+  // one, as a host call the watchdog times, checked; a failure raises
+  // DistBackendError naming the op, its number and the group, and the
+  // group's failure where it failed.
   void enqueueChecked(
       const OpPlan& plan,
       EnqueueFn enqueue,
@@ -247,11 +249,6 @@ class OpRunner {
       bool blocksHost);
   // The internal stream waits for the caller's.
   void orderInternalStream(const OpPlan& plan);
-  // The op is enqueued on the internal stream, timed by `timing` if set.
-  void enqueueOnInternalStream(
-      const OpPlan& plan,
-      EnqueueFn enqueue,
-      OpTiming* timing = nullptr);
   // Timing events for the op, when collectives timing is on.
   std::unique_ptr<OpTiming> timingFor(const OpPlan& plan) const;
   // A Work that owns no event: its op is ordered by the caller's stream, or
@@ -269,7 +266,7 @@ class OpRunner {
   // A coalescing block (one NCCL group spanning several ops), open from
   // startCoalescing to endCoalescing.
   struct CoalescedBlock {
-    uint64_t firstSeq; // the number of the block's first op
+    uint64_t firstSeq = 0; // the number of the block's first op
     // Set once an op opened the NCCL group: it keeps the communicator from
     // being freed until ncclGroupEnd returned (Communicator::Use).
     std::optional<Communicator::Use> group;

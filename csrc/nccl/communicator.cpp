@@ -22,9 +22,9 @@ namespace nccl_core {
 namespace {
 // For calls NCCL completes before returning (local ones, never
 // ncclInProgress), made while holding the communicator's lock.
-void checkLocal(ncclResult_t result, const char* call) {
+void checkLocal(const NcclApi& api, ncclResult_t result, const char* call) {
   if (C10_UNLIKELY(result != ncclSuccess)) {
-    throwNcclError(result, call, __FILE__, __LINE__);
+    throwNcclError(result, call, __FILE__, __LINE__, api);
   }
 }
 } // namespace
@@ -49,7 +49,7 @@ std::shared_ptr<Communicator> Communicator::create(
       grows ? api.commGrow(nullptr, nranks, &id, rank, &comm, &config)
             : api.commInitRankConfig(&comm, nranks, id, rank, &config);
   if (comm == nullptr) {
-    throwNcclError(result, call, __FILE__, __LINE__);
+    throwNcclError(result, call, __FILE__, __LINE__, api);
   }
   // Owned from here on, so that a failed or late initialization is aborted.
   auto communicator = adopt(comm, rank, nranks, std::move(settings));
@@ -66,7 +66,7 @@ std::shared_ptr<Communicator> Communicator::create(
 
 ncclUniqueId Communicator::uniqueId(const NcclApi& api) {
   ncclUniqueId id;
-  NCCL_CORE_CHECK(api.getUniqueId(&id));
+  NCCL_CORE_CHECK(api, api.getUniqueId(&id));
   return id;
 }
 
@@ -125,8 +125,8 @@ std::shared_ptr<Communicator> Communicator::derive(
   }
   int childRank = 0;
   int childSize = 0;
-  NCCL_CORE_CHECK(api_->commUserRank(child, &childRank));
-  NCCL_CORE_CHECK(api_->commCount(child, &childSize));
+  NCCL_CORE_CHECK(*api_, api_->commUserRank(child, &childRank));
+  NCCL_CORE_CHECK(*api_, api_->commCount(child, &childSize));
   auto adopted = adopt(
       child,
       childRank,
@@ -344,7 +344,7 @@ bool Communicator::revokeHandle() noexcept {
   }
   try {
     DeviceGuard guard(*api_, device_);
-    NCCL_CORE_WARN(api_->commRevoke(comm_, 0));
+    NCCL_CORE_WARN(*api_, api_->commRevoke(comm_, 0));
   } catch (const std::exception& e) {
     LOG(WARNING) << "[nccl_core] could not revoke the NCCL communicator of "
                  << label_ << ": " << e.what();
@@ -463,7 +463,7 @@ void Communicator::releaseHandle() noexcept {
         cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
         C10_CUDA_CHECK_WARN(api->exchangeStreamCaptureMode(&mode));
         C10_CUDA_CHECK_WARN(api->setDevice(device));
-        NCCL_CORE_WARN(api->commAbort(comm));
+        NCCL_CORE_WARN(*api, api->commAbort(comm));
       }).detach();
     } catch (const std::exception& e) {
       LOG(ERROR) << "[nccl_core] no thread to abort the communicator on ("
@@ -473,7 +473,7 @@ void Communicator::releaseHandle() noexcept {
   }
   try {
     DeviceGuard guard(*api_, device_);
-    NCCL_CORE_WARN(api_->commAbort(comm_));
+    NCCL_CORE_WARN(*api_, api_->commAbort(comm_));
   } catch (const std::exception& e) {
     LOG(ERROR) << "[nccl_core] could not abort the NCCL communicator of "
                << label_ << ": " << e.what();
@@ -525,7 +525,9 @@ Communicator::registerBuffer(void* ptr, size_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   void* handle = nullptr;
   checkLocal(
-      api_->commRegister(get(), ptr, bytes, &handle), "ncclCommRegister");
+      *api_,
+      api_->commRegister(get(), ptr, bytes, &handle),
+      "ncclCommRegister");
   return track<RegisteredBuffer>(
       allocation ? std::optional<uint64_t>(allocation->id) : std::nullopt,
       handle,
@@ -586,6 +588,7 @@ Communicator::createPreMulSum(const void* hostScalar, ncclDataType_t dtype) {
   std::lock_guard<std::mutex> lock(mutex_);
   ncclRedOp_t op;
   checkLocal(
+      *api_,
       api_->redOpCreatePreMulSum(
           &op,
           const_cast<void*>(hostScalar),
@@ -668,7 +671,7 @@ void Communicator::destroyRedOp(ncclRedOp_t op) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!isAborted()) {
     DeviceGuard guard(*api_, device_);
-    NCCL_CORE_WARN(api_->redOpDestroy(op, comm_));
+    NCCL_CORE_WARN(*api_, api_->redOpDestroy(op, comm_));
   }
 }
 

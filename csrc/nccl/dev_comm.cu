@@ -114,7 +114,7 @@ int DevComm::lsaSize() const {
 }
 
 void DevComm::release(const NcclApi& api, ncclComm_t comm) noexcept {
-  NCCL_CORE_WARN(api.devCommDestroy(comm, &devCommOf(devComm_)));
+  NCCL_CORE_WARN(api, api.devCommDestroy(comm, &devCommOf(devComm_)));
 }
 
 namespace {

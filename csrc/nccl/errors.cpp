@@ -82,10 +82,10 @@ void warnNcclError(
     ncclResult_t result,
     const char* call,
     const char* file,
-    int line) {
-  LOG(WARNING)
-      << "[nccl_core] "
-      << describe(result, call, file, line, realNccl().getLastError(nullptr));
+    int line,
+    const NcclApi& api) {
+  LOG(WARNING) << "[nccl_core] "
+               << describe(result, call, file, line, api.getLastError(nullptr));
 }
 
 } // namespace nccl_core

@@ -15,16 +15,16 @@ namespace nccl_core {
 const char* resultName(ncclResult_t result);
 
 // Throws c10::DistBackendError naming the failed call, where it was made, the
-// NCCL status and NCCL's last error text (shown as torch.distributed.
-// DistBackendError in Python).
-// With `comm`, NCCL's last error is that communicator's, asked through the
-// table it was made with.
+// NCCL status and NCCL's last error text, asked through `api`, the table the
+// call was made with (shown as torch.distributed.DistBackendError in Python).
+// With `comm`, NCCL's last error is that communicator's. Calls on a
+// communicator go through Communicator::check, which ends here.
 [[noreturn]] void throwNcclError(
     ncclResult_t result,
     const char* call,
     const char* file,
     int line,
-    const NcclApi& api = realNccl(),
+    const NcclApi& api,
     ncclComm_t comm = nullptr);
 
 // For destructors and teardown paths, where throwing is not an option.
@@ -32,22 +32,25 @@ void warnNcclError(
     ncclResult_t result,
     const char* call,
     const char* file,
-    int line);
+    int line,
+    const NcclApi& api);
 
 } // namespace nccl_core
 
-#define NCCL_CORE_CHECK(call)                                          \
-  do {                                                                 \
-    ncclResult_t result_ = (call);                                     \
-    if (C10_UNLIKELY(result_ != ncclSuccess))                          \
-      ::nccl_core::throwNcclError(result_, #call, __FILE__, __LINE__); \
+// A call of table `api` without a communicator to check it (a unique id, a
+// query, a teardown), checked or warned about.
+#define NCCL_CORE_CHECK(api, call)                                          \
+  do {                                                                      \
+    ncclResult_t result_ = (call);                                          \
+    if (C10_UNLIKELY(result_ != ncclSuccess))                               \
+      ::nccl_core::throwNcclError(result_, #call, __FILE__, __LINE__, api); \
   } while (0)
 
-#define NCCL_CORE_WARN(call)                                          \
-  do {                                                                \
-    ncclResult_t result_ = (call);                                    \
-    if (result_ != ncclSuccess)                                       \
-      ::nccl_core::warnNcclError(result_, #call, __FILE__, __LINE__); \
+#define NCCL_CORE_WARN(api, call)                                          \
+  do {                                                                     \
+    ncclResult_t result_ = (call);                                         \
+    if (result_ != ncclSuccess)                                            \
+      ::nccl_core::warnNcclError(result_, #call, __FILE__, __LINE__, api); \
   } while (0)
 
 // The checks of what a caller asked for, one per kind of error, each reading

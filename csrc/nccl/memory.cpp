@@ -26,7 +26,7 @@ void* allocate(size_t bytes, c10::DeviceIndex device, bool perTensor) {
   if (realNccl().memAlloc(&ptr, bytes) != ncclSuccess) {
     // Memory freed but still in use on some stream may be what is missing.
     freeFinished(/*wait=*/true);
-    NCCL_CORE_CHECK(realNccl().memAlloc(&ptr, bytes));
+    NCCL_CORE_CHECK(realNccl(), realNccl().memAlloc(&ptr, bytes));
   }
   recordAllocation(
       ptr, bytes, device, MemoryKind::Nccl, /*current=*/true, perTensor);

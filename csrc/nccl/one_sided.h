@@ -150,7 +150,7 @@ void waitSignal(
     cudaStream_t stream);
 
 // The same ops, enqueued as they are: for a caller that runs them as ops of
-// the group itself (torch's Window API goes through the backend's launch()).
+// the group itself (torch's Window API goes through the backend's op runner).
 void enqueuePutSignal(
     Communicator& comm,
     const PutSignal& put,

@@ -38,7 +38,7 @@ uintptr_t RegisteredBuffer::handle() const {
 }
 
 void RegisteredBuffer::release(const NcclApi& api, ncclComm_t comm) noexcept {
-  NCCL_CORE_WARN(api.commDeregister(comm, handle_));
+  NCCL_CORE_WARN(api, api.commDeregister(comm, handle_));
 }
 
 ncclWindow_t Window::get() const {
@@ -52,7 +52,7 @@ void* Window::userPtr() const {
 }
 
 void Window::release(const NcclApi& api, ncclComm_t comm) noexcept {
-  NCCL_CORE_WARN(api.commWindowDeregister(comm, window_));
+  NCCL_CORE_WARN(api, api.commWindowDeregister(comm, window_));
 }
 
 ncclRedOp_t CustomRedOp::get() const {
@@ -65,7 +65,7 @@ bool CustomRedOp::ownedBy(const Communicator& comm) const {
 }
 
 void CustomRedOp::release(const NcclApi& api, ncclComm_t comm) noexcept {
-  NCCL_CORE_WARN(api.redOpDestroy(op_, comm));
+  NCCL_CORE_WARN(api, api.redOpDestroy(op_, comm));
 }
 
 } // namespace nccl_core

@@ -61,7 +61,7 @@ void freeNow(void* ptr, int device) {
   // Registrations first: NCCL must not keep a handle to an address that a
   // later allocation may reuse.
   forgetAllocation(ptr);
-  NCCL_CORE_WARN(realNccl().memFree(ptr));
+  NCCL_CORE_WARN(realNccl(), realNccl().memFree(ptr));
 }
 
 void synchronizeDevice(void* /*unused*/) {

@@ -79,7 +79,7 @@ constexpr Feature kAllFeatures[] = {
 const NcclVersion& runtimeVersion() {
   static const NcclVersion version = [] {
     int code = 0;
-    NCCL_CORE_CHECK(realNccl().getVersion(&code));
+    NCCL_CORE_CHECK(realNccl(), realNccl().getVersion(&code));
     // Since 2.9 the code is major * 10000 + minor * 100 + patch.
     return NcclVersion{code / 10000, (code % 10000) / 100, code % 100, code};
   }();

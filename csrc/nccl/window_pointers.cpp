@@ -133,7 +133,7 @@ lsaBases(Communicator& comm, ncclWindow_t window, int lsaSize) {
     std::vector<uintptr_t> bases(lsaSize);
     for (int r = 0; r < lsaSize; ++r) {
       void* ptr = nullptr;
-      NCCL_CORE_CHECK(query(window, 0, r, &ptr));
+      NCCL_CORE_CHECK(comm.api(), query(window, 0, r, &ptr));
       bases[r] = reinterpret_cast<uintptr_t>(ptr);
     }
     return bases;
@@ -179,7 +179,7 @@ std::optional<uintptr_t> multimemPointer(const Window& window, size_t offset) {
     refuseOldRuntime("multimem_pointer");
   }
   void* ptr = nullptr;
-  NCCL_CORE_CHECK(query(window.get(), offset, &ptr));
+  NCCL_CORE_CHECK(comm->api(), query(window.get(), offset, &ptr));
   if (ptr == nullptr) {
     return std::nullopt;
   }

@@ -235,9 +235,12 @@ template <const char* kCall, typename... Args>
 ncclResult_t enqueueNothing(Args... args) {
   FakeNccl::Comm* comm = nullptr;
   ((comm = commAmong(comm, args)), ...);
-  FakeNccl::Record record{kCall};
-  (describe(record, args), ...);
-  FakeNccl::current().note(std::move(record));
+  if (FakeNccl::current().recording()) {
+    FakeNccl::Record record;
+    record.call = kCall;
+    (describe(record, args), ...);
+    FakeNccl::current().note(std::move(record));
+  }
   return Call(kCall, comm).result;
 }
 
@@ -301,14 +304,22 @@ const char* lastError(ncclComm_t /*comm*/) {
   return "fake NCCL";
 }
 
-ncclResult_t groupStart() {
-  FakeNccl::current().note({"ncclGroupStart"});
+ncclResult_t noteGroupCall(const char* call) {
+  FakeNccl& fake = FakeNccl::current();
+  if (fake.recording()) {
+    FakeNccl::Record record;
+    record.call = call;
+    fake.note(std::move(record));
+  }
   return ncclSuccess;
 }
 
+ncclResult_t groupStart() {
+  return noteGroupCall("ncclGroupStart");
+}
+
 ncclResult_t groupEnd() {
-  FakeNccl::current().note({"ncclGroupEnd"});
-  return ncclSuccess;
+  return noteGroupCall("ncclGroupEnd");
 }
 
 cudaError_t getDevice(int* device) {
@@ -418,8 +429,7 @@ void FakeNccl::setAsyncError(int result) {
 }
 
 void FakeNccl::record(bool on) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  recording_ = on;
+  recording_.store(on, std::memory_order_relaxed);
 }
 
 std::vector<FakeNccl::Record> FakeNccl::takeRecorded() {
@@ -429,9 +439,7 @@ std::vector<FakeNccl::Record> FakeNccl::takeRecorded() {
 
 void FakeNccl::note(Record record) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (recording_) {
-    recorded_.push_back(std::move(record));
-  }
+  recorded_.push_back(std::move(record));
 }
 
 int FakeNccl::calls(const std::string& call) {

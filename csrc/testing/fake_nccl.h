@@ -12,6 +12,7 @@
 // so that CPU tests read what an op asked NCCL.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -78,6 +79,9 @@ class FakeNccl {
   void record(bool on);
   // The calls recorded since the last take.
   std::vector<Record> takeRecorded();
+  bool recording() const {
+    return recording_.load(std::memory_order_relaxed);
+  }
   // For the entry points: keeps `record` if recording.
   void note(Record record);
 
@@ -155,7 +159,7 @@ class FakeNccl {
   int abortedUnderCall_ = 0;
   int usedAfterFree_ = 0;
   int lastShrinkFlags_ = -1;
-  bool recording_ = false;
+  std::atomic<bool> recording_{false};
   std::vector<Record> recorded_;
   std::vector<std::unique_ptr<Comm>> comms_; // never freed: misuse is seen
   NcclApi table_{};

@@ -7,7 +7,10 @@ import sys
 
 import pytest
 
-from torch_nccl_core import _testing
+try:
+    from torch_nccl_core import _testing
+except ImportError:  # built without TORCH_NCCL_CORE_TESTING=1
+    _testing = None
 
 # Fakes left installed because communicators of theirs outlived a failed test.
 _KEPT: list = []
@@ -18,6 +21,8 @@ def fake(request):
     """`_testing.FakeNccl` installed for the test (csrc/testing/fake_nccl.h); fails the test if
     a communicator of it outlives the test or was misused. Indirect parametrization with
     {"revoke": False} gives a table without ncclCommRevoke (NCCL < 2.28.7)."""
+    if _testing is None:
+        pytest.skip("the test doubles are built with TORCH_NCCL_CORE_TESTING=1")
     fake = _testing.FakeNccl(**getattr(request, "param", {}))
     yield fake
     # A raised error's traceback keeps the test's frame, and so its

@@ -14,7 +14,10 @@ from datetime import timedelta
 import pytest
 import torch
 
-from torch_nccl_core import _testing as testing
+testing = pytest.importorskip(
+    "torch_nccl_core._testing", reason="built without TORCH_NCCL_CORE_TESTING=1"
+)
+
 
 KiB = 1 << 10
 NCCL_INVALID_USAGE = 5  # ncclInvalidUsage

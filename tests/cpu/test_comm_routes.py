@@ -18,7 +18,11 @@ from threads import in_thread
 
 import torch_nccl_core
 from torch_nccl_core import _C
-from torch_nccl_core import _testing as testing
+
+testing = pytest.importorskip(
+    "torch_nccl_core._testing", reason="built without TORCH_NCCL_CORE_TESTING=1"
+)
+
 
 SYMMETRIC = _C.NCCL_WIN_COLL_SYMMETRIC
 DEFAULT = 0

@@ -15,7 +15,10 @@ import pytest
 import torch.distributed as dist
 from threads import in_thread
 
-from torch_nccl_core import _testing as testing
+testing = pytest.importorskip(
+    "torch_nccl_core._testing", reason="built without TORCH_NCCL_CORE_TESTING=1"
+)
+
 
 NCCL_SYSTEM_ERROR = 2  # ncclSystemError
 NCCL_REMOTE_ERROR = 6  # ncclRemoteError

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import pickle
 
+import pytest
 import torch
 
 import torch_nccl_core
 from torch_nccl_core import _C
-from torch_nccl_core import _testing as testing
+
+testing = pytest.importorskip(
+    "torch_nccl_core._testing", reason="built without TORCH_NCCL_CORE_TESTING=1"
+)
+
 
 NAME, DESC = "0", "default_pg"
 

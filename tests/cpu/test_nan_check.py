@@ -6,7 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torch_nccl_core import _testing
+_testing = pytest.importorskip(
+    "torch_nccl_core._testing", reason="built without TORCH_NCCL_CORE_TESTING=1"
+)
+
 
 refuse_nan = _testing.refuse_nan
 NAN = float("nan")

@@ -9,7 +9,10 @@ from datetime import timedelta
 import pytest
 import torch
 
-from torch_nccl_core import _testing as testing
+testing = pytest.importorskip(
+    "torch_nccl_core._testing", reason="built without TORCH_NCCL_CORE_TESTING=1"
+)
+
 
 # nccl.h's enums.
 UINT8, FLOAT32, BFLOAT16 = 1, 7, 9
@@ -23,11 +26,30 @@ def ptr(tensor: torch.Tensor, offset_bytes: int = 0) -> int:
     return tensor.data_ptr() + offset_bytes
 
 
+def communicator(fake, rank: int):
+    """A communicator of 4 ranks of the fake, this process rank `rank`, recording its calls."""
+    comm = testing.create_communicator(4, rank, timedelta(seconds=5), True, "group 'g'")
+    fake.record()
+    return comm
+
+
 @pytest.fixture(params=[1, 0], ids=["rank1", "rank0"])
 def comm(fake, request):
-    """A communicator of 4 ranks of the fake, this process rank 1 or 0."""
-    comm = testing.create_communicator(4, request.param, timedelta(seconds=5), True, "group 'g'")
-    fake.record()
+    comm = communicator(fake, request.param)
+    yield comm
+    testing.abort(comm)
+
+
+@pytest.fixture
+def root(fake):
+    comm = communicator(fake, 0)
+    yield comm
+    testing.abort(comm)
+
+
+@pytest.fixture
+def not_root(fake):
+    comm = communicator(fake, 1)
     yield comm
     testing.abort(comm)
 
@@ -246,3 +268,34 @@ def test_a_failed_call_inside_a_group_names_the_call_and_closes_the_group(fake, 
         "ncclAllReduce",
         "ncclGroupEnd",
     ]
+
+
+@pytest.mark.parametrize("to_root", [True, False], ids=["gather", "scatter"])
+def test_the_roots_own_part_is_copied_whatever_its_shape(fake, root, to_root):
+    # The checks compare element counts only: a [2, 3] tensor and [6] parts are fine.
+    mine = torch.arange(6.0).view(2, 3) if to_root else torch.full((2, 3), -1.0)
+    root_list = [torch.zeros(6) if to_root else torch.full((6,), float(r)) for r in range(4)]
+    args = (root_list, [mine]) if to_root else ([mine], root_list)
+    calls(fake, root, "gather" if to_root else "scatter", root=0, outputs=args[0], inputs=args[1])
+    if to_root:
+        assert torch.equal(root_list[0], torch.arange(6.0))
+    else:
+        assert torch.equal(mine, torch.zeros(2, 3))  # part 0, rank 0's own, holds zeros
+
+
+@pytest.mark.parametrize("to_root", [True, False], ids=["gather", "scatter"])
+def test_a_failed_call_names_what_this_rank_called(fake, not_root, to_root):
+    mine = torch.zeros(2)
+    call_made = "ncclSend" if to_root else "ncclRecv"
+    fake.fail_next(call_made, 5)  # ncclInvalidUsage
+    lists = ([], [mine]) if to_root else ([mine], [])
+    with pytest.raises(torch.distributed.DistBackendError, match=f"{call_made} on group 'g'"):
+        calls(
+            fake,
+            not_root,
+            "gather" if to_root else "scatter",
+            root=0,
+            outputs=lists[0],
+            inputs=lists[1],
+        )
+    fake.recorded()

@@ -12,7 +12,9 @@ import pytest
 import torch.distributed as dist
 from threads import in_thread
 
-from torch_nccl_core import _testing as testing
+testing = pytest.importorskip(
+    "torch_nccl_core._testing", reason="built without TORCH_NCCL_CORE_TESTING=1"
+)
 
 
 def hash_stores(count: int) -> list:

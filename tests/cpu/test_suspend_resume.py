@@ -9,7 +9,10 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from torch_nccl_core import _testing as testing
+testing = pytest.importorskip(
+    "torch_nccl_core._testing", reason="built without TORCH_NCCL_CORE_TESTING=1"
+)
+
 
 NCCL_SYSTEM_ERROR = 2  # ncclSystemError
 NCCL_INVALID_USAGE = 5  # ncclInvalidUsage

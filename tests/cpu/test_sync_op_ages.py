@@ -14,7 +14,10 @@ import random
 
 import pytest
 
-from torch_nccl_core import _testing
+_testing = pytest.importorskip(
+    "torch_nccl_core._testing", reason="built without TORCH_NCCL_CORE_TESTING=1"
+)
+
 
 POLL_MS = 50.0  # the watchdog's poll interval
 

@@ -12,7 +12,11 @@ import pytest
 import torch
 
 import torch_nccl_core
-from torch_nccl_core import _testing as testing
+
+testing = pytest.importorskip(
+    "torch_nccl_core._testing", reason="built without TORCH_NCCL_CORE_TESTING=1"
+)
+
 
 pytestmark = pytest.mark.skipif(
     torch_nccl_core.one_sided_engine() != "nccl",

@@ -15,7 +15,11 @@ import pytest
 import torch
 
 import torch_nccl_core
-from torch_nccl_core import _testing as testing
+
+testing = pytest.importorskip(
+    "torch_nccl_core._testing", reason="built without TORCH_NCCL_CORE_TESTING=1"
+)
+
 
 MiB = 1 << 20
 SIZE = 2  # ranks of the fake group

@@ -1,5 +1,7 @@
 #include "backend/ops/nccl_calls.h"
 
+#include <ATen/core/LegacyTypeDispatch.h>
+
 #include "backend/ops/arguments.h"
 #include "nccl/errors.h"
 
@@ -7,7 +9,22 @@ namespace nccl_core::calls {
 
 namespace {
 
-// The op checked the dtype before launch(): this only converts it.
+// An NCCL group around several calls, closed on every exit path.
+class Group {
+ public:
+  explicit Group(const NcclTarget& to);
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+  ~Group();
+  // ncclGroupEnd, which launches the calls: its result.
+  ncclResult_t end();
+
+ private:
+  const NcclTarget& to_;
+  bool open_ = true;
+};
+
+// The op checked the dtype before it ran: this only converts it.
 NcclBuffer elementsOf(const at::Tensor& tensor) {
   return bufferOf(tensor, "enqueue");
 }
@@ -47,7 +64,7 @@ Group::Group(const NcclTarget& to) : to_(to) {
 
 Group::~Group() {
   if (open_) {
-    NCCL_CORE_WARN(to_.api().groupEnd());
+    NCCL_CORE_WARN(to_.api(), to_.api().groupEnd());
   }
 }
 
@@ -198,32 +215,42 @@ ncclResult_t reduceScatterIntoTensors(
   });
 }
 
+namespace {
+// The root's own part of a gather or scatter: on the current stream (the
+// op's, NcclTarget), as flat elements like the parts NCCL moves (the checks
+// compare element counts), below autograd as NCCL's writes are.
+void copyOwnPart(const at::Tensor& dst, const at::Tensor& src) {
+  const at::AutoDispatchBelowADInplaceOrView belowAutograd;
+  dst.view(-1).copy_(src.view(-1), /*non_blocking=*/true);
+}
+} // namespace
+
 ncclResult_t exchangeWithRoot(
     const NcclTarget& to,
     const std::vector<at::Tensor>& list,
     const at::Tensor& mine,
     int root,
     bool toRoot) {
-  const char* name = toRoot ? "ncclRecv" : "ncclSend";
+  Group group(to);
   if (to.comm.rank() != root) {
-    return inOneGroup(to, name, 1, [&](int) {
-      return toRoot ? send(to, mine, root) : recv(to, mine, root);
-    });
-  }
-  return inOneGroup(to, name, list.size(), [&](size_t r) {
-    const at::Tensor& theirs = list[r];
-    if (static_cast<int>(r) != root) {
-      return toRoot ? recv(to, theirs, static_cast<int>(r))
-                    : send(to, theirs, static_cast<int>(r));
-    }
-    // On the stream: it is the current one (NcclTarget).
     if (toRoot) {
-      theirs.copy_(mine, /*non_blocking=*/true);
+      to.check(send(to, mine, root), "ncclSend");
     } else {
-      mine.copy_(theirs, /*non_blocking=*/true);
+      to.check(recv(to, mine, root), "ncclRecv");
     }
-    return ncclSuccess;
-  });
+    return group.end();
+  }
+  for (size_t r = 0; r < list.size(); ++r) {
+    const auto peer = static_cast<int>(r);
+    if (peer == root) {
+      copyOwnPart(toRoot ? list[r] : mine, toRoot ? mine : list[r]);
+    } else if (toRoot) {
+      to.check(recv(to, list[r], peer), "ncclRecv");
+    } else {
+      to.check(send(to, list[r], peer), "ncclSend");
+    }
+  }
+  return group.end();
 }
 
 ncclResult_t allToAll(
@@ -235,33 +262,28 @@ ncclResult_t allToAll(
   const size_t elem = input.element_size();
   auto* in = static_cast<const char*>(input.data_ptr());
   auto* out = static_cast<char*>(output.data_ptr());
-  // Rank r's send, then its receive: 2 r and 2 r + 1.
-  return inOneGroup(
-      to, "ncclSend/ncclRecv", 2 * sendCounts.size(), [&](size_t k) {
-        const size_t r = k / 2;
-        const auto peer = static_cast<int>(r);
-        if (k % 2 == 0) {
-          const ncclResult_t result =
-              sendBytes(to, in, sendCounts[r] * elem, peer);
-          in += sendCounts[r] * elem;
-          return result;
-        }
-        const ncclResult_t result =
-            recvBytes(to, out, recvCounts[r] * elem, peer);
-        out += recvCounts[r] * elem;
-        return result;
-      });
+  Group group(to);
+  for (size_t r = 0; r < sendCounts.size(); ++r) {
+    const auto peer = static_cast<int>(r);
+    to.check(sendBytes(to, in, sendCounts[r] * elem, peer), "ncclSend");
+    to.check(recvBytes(to, out, recvCounts[r] * elem, peer), "ncclRecv");
+    in += sendCounts[r] * elem;
+    out += recvCounts[r] * elem;
+  }
+  return group.end();
 }
 
 ncclResult_t allToAllList(
     const NcclTarget& to,
     const std::vector<at::Tensor>& outputs,
     const std::vector<at::Tensor>& inputs) {
-  return inOneGroup(to, "ncclSend/ncclRecv", 2 * inputs.size(), [&](size_t k) {
-    const auto peer = static_cast<int>(k / 2);
-    return k % 2 == 0 ? send(to, inputs[peer], peer)
-                      : recv(to, outputs[peer], peer);
-  });
+  Group group(to);
+  for (size_t r = 0; r < inputs.size(); ++r) {
+    const auto peer = static_cast<int>(r);
+    to.check(send(to, inputs[r], peer), "ncclSend");
+    to.check(recv(to, outputs[r], peer), "ncclRecv");
+  }
+  return group.end();
 }
 
 } // namespace nccl_core::calls

@@ -15,10 +15,10 @@
 namespace nccl_core {
 
 // Where an op's NCCL calls go: the communicator the op was routed to, its
-// handle (held for the op by launch()) and the stream, the current one while
-// the calls are made. Every NCCL result goes through check(): the
-// communicator's, which waits out a nonblocking ncclInProgress and names an
-// abort as the cause.
+// handle (held for the op by the op runner) and the stream, which the runner
+// makes the current one while the calls are made. Every NCCL result goes
+// through check(): the communicator's, which waits out a nonblocking
+// ncclInProgress and names an abort as the cause.
 struct NcclTarget {
   Communicator& comm;
   ncclComm_t handle;
@@ -27,27 +27,16 @@ struct NcclTarget {
   const NcclApi& api() const {
     return comm.api();
   }
-  void check(ncclResult_t result, const char* call) const {
-    comm.check(result, call);
+  void check(
+      ncclResult_t result,
+      const char* call,
+      const char* file = __builtin_FILE(),
+      int line = __builtin_LINE()) const {
+    comm.check(result, call, file, line);
   }
 };
 
 namespace calls {
-
-// An NCCL group around several calls, closed on every exit path.
-class Group {
- public:
-  explicit Group(const NcclTarget& to);
-  Group(const Group&) = delete;
-  Group& operator=(const Group&) = delete;
-  ~Group();
-  // ncclGroupEnd, which launches the calls: its result.
-  ncclResult_t end();
-
- private:
-  const NcclTarget& to_;
-  bool open_ = true;
-};
 
 // Point-to-point ops move bytes: any dtype works.
 ncclResult_t send(const NcclTarget& to, const at::Tensor& tensor, int peer);
@@ -103,7 +92,7 @@ ncclResult_t reduceScatterIntoTensors(
     const std::vector<at::Tensor>& inputs,
     const std::vector<ncclRedOp_t>& ops);
 // gather (`toRoot`) or scatter: the root moves list[r] from or to rank r, by
-// a tensor copy for itself; every other rank sends or receives `mine`.
+// a copy on the stream for itself; every other rank sends or receives `mine`.
 ncclResult_t exchangeWithRoot(
     const NcclTarget& to,
     const std::vector<at::Tensor>& list,

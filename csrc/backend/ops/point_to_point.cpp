@@ -12,7 +12,8 @@ namespace nccl_core {
 namespace {
 
 // The root's per-rank list of a gather ("output") or scatter ("input"): one
-// list of `size` tensors shaped like `mine`; other ranks pass none.
+// list of `size` tensors of `mine`'s dtype and element count (any shape);
+// other ranks pass none.
 std::vector<at::Tensor> rootListOf(
     std::vector<std::vector<at::Tensor>>& lists,
     const at::Tensor& mine,
