@@ -46,7 +46,8 @@ class GroupAgreement {
   // A key of this incarnation: a group re-created under the same name
   // (re-init in one process) never reads the previous one's.
   std::string key(const std::string& name) const;
-  // The key of the next meeting for `purpose` ("shrink/3").
+  // The key of the next meeting for `purpose` ("shrink/3"). A purpose is
+  // numbered by next() or by meetNext(), never both.
   std::string next(const std::string& purpose);
 
   // Every rank meets under `key(name)`, adding `count` to the tally it
