@@ -25,7 +25,7 @@ from .communicator import (
 from .dev_comm import DevCommRequirements, GinConnectionType, GinType
 from .elastic import grow_group, join_group
 from .memory import empty, mem_pool, resolve_tensor
-from .memory_offload import memory_stats, resume, suspend
+from .suspend_resume import memory_stats, resume, suspend
 
 Options = _C.Options
 

@@ -35,6 +35,13 @@ std::vector<int64_t> allRanks(int size) {
   return ranks;
 }
 
+// Why a group failed as it was set up: its `what` could not be made.
+std::string
+notMade(const char* what, const std::string& group, const std::exception& e) {
+  return c10::str(
+      "the ", what, " of group '", group, "' could not be made: ", e.what());
+}
+
 } // namespace
 
 NcclCoreBackend::NcclCoreBackend(
@@ -74,7 +81,7 @@ NcclCoreBackend::NcclCoreBackend(
               failure_,
               ephemeral_,
               timeout_,
-              offloadState_,
+              suspendState_,
               &agreeOnUpgrade_,
               [this] { return deviceForOpWithoutTensors({}); }},
           nanCheckRequested(),
@@ -168,12 +175,7 @@ void NcclCoreBackend::initCommunicator(at::Device device) {
   } catch (const std::exception& e) {
     // The meeting and NCCL's unique id are spent: a second try under them
     // could join stale keys. The group fails; a new one meets afresh.
-    failure_->set(
-        c10::str(
-            "the NCCL communicator of group '",
-            *groupName_,
-            "' could not be made: ",
-            e.what()));
+    failure_->set(notMade("NCCL communicator", *groupName_, e));
     throw;
   }
   setupCommunicator(std::move(comm));
@@ -225,12 +227,7 @@ void NcclCoreBackend::setupCommunicator(std::shared_ptr<Communicator> comm) {
   try {
     engines = makeEngines(*comm_, *events, *options_);
   } catch (const std::exception& e) {
-    failure_->set(
-        c10::str(
-            "the engines of group '",
-            *groupName_,
-            "' could not be made: ",
-            e.what()));
+    failure_->set(notMade("engines", *groupName_, e));
     comm_->abort();
     throw;
   }

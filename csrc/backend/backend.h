@@ -265,7 +265,7 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   void abort() override;
   void shutdown() override;
 
-  // NCCL's memory offload of the group's communicators (backend/suspend.cpp,
+  // NCCL's suspend of the group's communicators (backend/suspend.cpp,
   // NCCL >= 2.29.7): suspendGroup() releases what NCCL can release once every
   // op of the group finished, and ops are refused until resumeGroup()
   // restores it; both collective (every rank calls them, in the same order)
@@ -414,9 +414,9 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   void agreeToGoAhead(const char* op, const std::string& mine);
   // `call` on every communicator of the group, timed like an op; a failure
   // fails the group, but for NCCL's refusal before its barrier.
-  void runOffload(const char* op, void (Communicator::*call)());
+  void runSuspendCall(const char* op, void (Communicator::*call)());
   [[noreturn]] void
-  failOffload(const char* op, uint64_t seq, const std::string& cause);
+  failSuspendCall(const char* op, uint64_t seq, const std::string& cause);
 
   const std::shared_ptr<const std::string> groupName_;
   const std::shared_ptr<const NcclCoreOptions> options_;
@@ -466,7 +466,7 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
   // communicator.
   std::shared_ptr<CommRoutes> routes_;
   // Where suspendGroup() stands: ops are refused unless Active.
-  std::atomic<OffloadState> offloadState_{OffloadState::Active};
+  std::atomic<SuspendState> suspendState_{SuspendState::Active};
   // Memory pools registered (registerMemPool), with their registrations.
   std::mutex poolsMutex_;
   std::map<c10::MempoolId_t, std::vector<std::shared_ptr<RegisteredBuffer>>>

@@ -178,7 +178,7 @@ OpPlan OpRunner::prepare(
             group_.failure->message()));
   }
   NCCL_CORE_CHECK_STATE(
-      group_.offload.load(std::memory_order_relaxed) == OffloadState::Active,
+      group_.suspend.load(std::memory_order_relaxed) == SuspendState::Active,
       call.name,
       "group '",
       *group_.name,

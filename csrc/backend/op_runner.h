@@ -128,7 +128,7 @@ struct OpPlan {
 
 // Where suspendGroup() stands (backend/suspend.cpp): ops are refused unless
 // Active.
-enum class OffloadState : uint8_t { Active, Suspending, Suspended };
+enum class SuspendState : uint8_t { Active, Suspending, Suspended };
 
 // What an op runner reads of its group, for the group's life.
 struct RunnerGroup {
@@ -138,7 +138,7 @@ struct RunnerGroup {
   std::shared_ptr<FailureState> failure;
   std::shared_ptr<EphemeralTimeouts> ephemeral;
   const std::atomic<std::chrono::milliseconds>& timeout;
-  const std::atomic<OffloadState>& offload;
+  const std::atomic<SuspendState>& suspend;
   const AgreeFn* agreeOnUpgrade; // the ranks' window-upgrade vote
   // The device of an op without tensors (an empty coalescing block's).
   std::function<at::Device()> defaultDevice;

@@ -1,5 +1,5 @@
-// NcclCoreBackend's memory offload: NCCL's ncclCommSuspend / ncclCommResume /
-// ncclCommMemStats over the group's communicator and its window-free twin.
+// NcclCoreBackend's suspend and resume: NCCL's ncclCommSuspend / ncclCommResume
+// / ncclCommMemStats over the group's communicator and its window-free twin.
 // Suspend and resume are collective in NCCL (a barrier of every rank in its
 // memory manager), so the ranks first agree in the store that every one of
 // them can go ahead: either all call NCCL or none does, and a refusal leaves
@@ -61,7 +61,9 @@ void NcclCoreBackend::agreeToGoAhead(const char* op, const std::string& mine) {
           : c10::str("on this rank ", mine));
 }
 
-void NcclCoreBackend::runOffload(const char* op, void (Communicator::*call)()) {
+void NcclCoreBackend::runSuspendCall(
+    const char* op,
+    void (Communicator::*call)()) {
   const auto comms = madeCommunicators();
   if (comms.empty()) {
     return; // no communicator yet: NCCL holds no memory for the group
@@ -74,17 +76,17 @@ void NcclCoreBackend::runOffload(const char* op, void (Communicator::*call)()) {
     try {
       ((*comms[done]).*call)();
     } catch (const c10::DistBackendError& e) {
-      failOffload(op, seq, e.what_without_backtrace());
+      failSuspendCall(op, seq, e.what_without_backtrace());
     } catch (const c10::Error& e) {
       if (done == 0) {
         throw; // NCCL refused before its barrier, on every rank alike
       }
-      failOffload(op, seq, e.what_without_backtrace());
+      failSuspendCall(op, seq, e.what_without_backtrace());
     }
   }
 }
 
-void NcclCoreBackend::failOffload(
+void NcclCoreBackend::failSuspendCall(
     const char* op,
     uint64_t seq,
     const std::string& cause) {
@@ -105,31 +107,31 @@ void NcclCoreBackend::failOffload(
 void NcclCoreBackend::suspendGroup() {
   constexpr const char* kOp = "suspend";
   Communicator::requireSuspendSupport(*options_->api, kOp);
-  if (offloadState_.load() == OffloadState::Suspended) {
+  if (suspendState_.load() == SuspendState::Suspended) {
     return;
   }
   // Ops of other threads are refused from here on: none starts while the
   // ranks decide.
-  offloadState_.store(OffloadState::Suspending);
+  suspendState_.store(SuspendState::Suspending);
   try {
     agreeToGoAhead(kOp, suspendRefusal());
-    runOffload(kOp, &Communicator::suspend);
+    runSuspendCall(kOp, &Communicator::suspend);
   } catch (...) {
-    offloadState_.store(OffloadState::Active);
+    suspendState_.store(SuspendState::Active);
     throw;
   }
-  offloadState_.store(OffloadState::Suspended);
+  suspendState_.store(SuspendState::Suspended);
 }
 
 void NcclCoreBackend::resumeGroup() {
   constexpr const char* kOp = "resume";
   Communicator::requireSuspendSupport(*options_->api, kOp);
   failure_->raiseIfFailed();
-  if (offloadState_.load() != OffloadState::Suspended) {
+  if (suspendState_.load() != SuspendState::Suspended) {
     return;
   }
-  runOffload(kOp, &Communicator::resume);
-  offloadState_.store(OffloadState::Active);
+  runSuspendCall(kOp, &Communicator::resume);
+  suspendState_.store(SuspendState::Active);
 }
 
 std::unordered_map<std::string, uint64_t> NcclCoreBackend::groupMemoryStats() {
@@ -137,7 +139,7 @@ std::unordered_map<std::string, uint64_t> NcclCoreBackend::groupMemoryStats() {
   failure_->raiseIfFailed();
   std::unordered_map<std::string, uint64_t> stats{
       {"suspend", 0},
-      {"suspended", offloadState_.load() == OffloadState::Suspended ? 1 : 0},
+      {"suspended", suspendState_.load() == SuspendState::Suspended ? 1 : 0},
       {"persist", 0},
       {"total", 0}};
   for (const auto& comm : madeCommunicators()) {

@@ -1,5 +1,5 @@
-// Communicator::suspend / resume / memoryStats: NCCL's communicator memory
-// offload (ncclCommSuspend, ncclCommResume, ncclCommMemStats; NCCL >= 2.29.7),
+// Communicator::suspend / resume / memoryStats: NCCL's ncclCommSuspend,
+// ncclCommResume and ncclCommMemStats (NCCL >= 2.29.7),
 // which c10d::Backend's suspend(), resume() and getMemoryStats() expose.
 #include <c10/util/Exception.h>
 

@@ -1,5 +1,7 @@
 #include "nccl/version.h"
 
+#include <iterator>
+
 #include <nccl.h>
 
 #include <c10/util/Exception.h>
@@ -12,67 +14,67 @@ namespace nccl_core {
 namespace {
 
 struct FeatureInfo {
+  Feature feature;
   const char* name;
   int minCode;
 };
 
 // The NCCL release that brought each feature, from its release notes and
-// headers (docs/compatibility.md).
-FeatureInfo info(Feature feature) {
-  switch (feature) {
-    case Feature::Float8:
-      return {"float8", NCCL_VERSION(2, 24, 0)};
-    case Feature::WindowRegistration:
-      return {"window_registration", NCCL_VERSION(2, 27, 0)};
-    case Feature::DeviceApi:
-      return {"device_api", NCCL_VERSION(2, 28, 0)};
-    case Feature::HostOneSided:
-      return {"host_one_sided", NCCL_VERSION(2, 29, 0)};
-    case Feature::WindowHostPointers:
-      return {"window_host_pointers", NCCL_VERSION(2, 29, 0)};
-    case Feature::WindowStrictOrdering:
-      return {"window_strict_ordering", NCCL_VERSION(2, 29, 0)};
-    case Feature::CommGrow:
-      return {"comm_grow", NCCL_VERSION(2, 29, 0)};
-    case Feature::SuspendResume:
-      return {"suspend_resume", NCCL_VERSION(2, 29, 7)};
-    case Feature::WindowSizesPerRank: // dev_runtime.cc's lsaMaxSize
-      return {"window_sizes_per_rank", NCCL_VERSION(2, 30, 7)};
-    case Feature::WindowRegistrationInCapture:
-      return {"window_registration_in_capture", NCCL_VERSION(2, 30, 0)};
-    case Feature::OneSidedGraphCapture:
-      return {"one_sided_graph_capture", NCCL_VERSION(2, 30, 7)};
-    case Feature::ZeroCtaPolicy: // across nodes (hierarchical) from 2.30.7
-      return {"zero_cta_policy", NCCL_VERSION(2, 28, 0)};
-    case Feature::PerCollectiveConfig:
-      return {"per_collective_config", NCCL_VERSION(2, 31, 0)};
-    case Feature::SocketGin:
-      return {"socket_gin", NCCL_VERSION(2, 32, 3)};
-    case Feature::WindowGinOnly:
-      return {"window_gin_only", NCCL_VERSION(2, 32, 3)};
-    case Feature::FinalizeWaitsForHost: // 2.32.3's commDestroySync; not 2.31
-      return {"finalize_waits_for_host", NCCL_VERSION(2, 32, 0)};
-  }
-  return {"unknown", 0};
-}
+// headers (docs/compatibility.md), in Feature's order.
+constexpr FeatureInfo kFeatures[] = {
+    {Feature::Float8, "float8", NCCL_VERSION(2, 24, 0)},
+    {Feature::WindowRegistration,
+     "window_registration",
+     NCCL_VERSION(2, 27, 0)},
+    {Feature::DeviceApi, "device_api", NCCL_VERSION(2, 28, 0)},
+    {Feature::HostOneSided, "host_one_sided", NCCL_VERSION(2, 29, 0)},
+    {Feature::WindowHostPointers,
+     "window_host_pointers",
+     NCCL_VERSION(2, 29, 0)},
+    {Feature::WindowStrictOrdering,
+     "window_strict_ordering",
+     NCCL_VERSION(2, 29, 0)},
+    {Feature::CommGrow, "comm_grow", NCCL_VERSION(2, 29, 0)},
+    {Feature::SuspendResume, "suspend_resume", NCCL_VERSION(2, 29, 7)},
+    // dev_runtime.cc's lsaMaxSize
+    {Feature::WindowSizesPerRank,
+     "window_sizes_per_rank",
+     NCCL_VERSION(2, 30, 7)},
+    {Feature::WindowRegistrationInCapture,
+     "window_registration_in_capture",
+     NCCL_VERSION(2, 30, 0)},
+    {Feature::OneSidedGraphCapture,
+     "one_sided_graph_capture",
+     NCCL_VERSION(2, 30, 7)},
+    // Across nodes (hierarchical) from 2.30.7.
+    {Feature::ZeroCtaPolicy, "zero_cta_policy", NCCL_VERSION(2, 28, 0)},
+    {Feature::PerCollectiveConfig,
+     "per_collective_config",
+     NCCL_VERSION(2, 31, 0)},
+    {Feature::SocketGin, "socket_gin", NCCL_VERSION(2, 32, 3)},
+    {Feature::WindowGinOnly, "window_gin_only", NCCL_VERSION(2, 32, 3)},
+    // 2.32.3's commDestroySync; not 2.31.
+    {Feature::FinalizeWaitsForHost,
+     "finalize_waits_for_host",
+     NCCL_VERSION(2, 32, 0)},
+};
 
-constexpr Feature kAllFeatures[] = {
-    Feature::Float8,
-    Feature::WindowRegistration,
-    Feature::DeviceApi,
-    Feature::HostOneSided,
-    Feature::WindowHostPointers,
-    Feature::WindowStrictOrdering,
-    Feature::CommGrow,
-    Feature::SuspendResume,
-    Feature::WindowSizesPerRank,
-    Feature::WindowRegistrationInCapture,
-    Feature::OneSidedGraphCapture,
-    Feature::ZeroCtaPolicy,
-    Feature::PerCollectiveConfig,
-    Feature::SocketGin,
-    Feature::WindowGinOnly,
-    Feature::FinalizeWaitsForHost};
+constexpr bool inEnumOrder() {
+  for (size_t i = 0; i < std::size(kFeatures); ++i) {
+    if (static_cast<size_t>(kFeatures[i].feature) != i) {
+      return false;
+    }
+  }
+  return true;
+}
+static_assert(
+    inEnumOrder() && std::size(kFeatures) ==
+                         static_cast<size_t>(Feature::FinalizeWaitsForHost) + 1,
+    "kFeatures lists every Feature, in its order");
+
+const FeatureInfo& info(Feature feature) {
+  return kFeatures[static_cast<size_t>(feature)];
+}
 
 } // namespace
 
@@ -96,8 +98,8 @@ bool hasFeature(Feature feature) {
 
 std::map<std::string, bool> featureMap() {
   std::map<std::string, bool> features;
-  for (Feature feature : kAllFeatures) {
-    features[info(feature).name] = hasFeature(feature);
+  for (const FeatureInfo& feature : kFeatures) {
+    features[feature.name] = hasFeature(feature.feature);
   }
   // Always present on the NCCL >= 2.28 this package requires; listed so
   // callers can test for them uniformly.

@@ -24,7 +24,8 @@ const NcclVersion& runtimeVersion();
 std::string versionText(int code);
 
 // Minimum runtime versions of optional features (docs/compatibility.md says
-// which of them the package uses, and how).
+// which of them the package uses, and how). version.cpp's table lists them in
+// this order, FinalizeWaitsForHost last.
 enum class Feature {
   Float8,               // ncclFloat8e4m3 / ncclFloat8e5m2
   WindowRegistration,   // ncclCommWindowRegister

@@ -1,6 +1,8 @@
 // pybind11: the one-sided methods of torch_nccl_core.Communicator (nccl4py's
 // Communicator.put_signal / signal / wait_signal) and WaitSignalDesc.
 // Arguments are checked here, before any NCCL call.
+#include <type_traits>
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
@@ -126,6 +128,20 @@ py::object ginTypeOf(int value) {
   return py::module_::import("torch_nccl_core.dev_comm").attr("GinType")(value);
 }
 
+// Property `name` of a communicator: `field` of what NCCL says of it, GIN
+// types as dev_comm.GinType.
+template <auto field>
+auto capability(const char* name) {
+  return [name](Communicator& comm) -> py::object {
+    const auto value = queryCapabilities(comm, name).*field;
+    if constexpr (std::is_same_v<std::remove_const_t<decltype(value)>, bool>) {
+      return py::bool_(value);
+    } else {
+      return ginTypeOf(value);
+    }
+  };
+}
+
 // DevComm and WaitSignalDesc.
 void bindOneSidedTypes(py::module_& m) {
   py::class_<DevComm, CommResource, std::shared_ptr<DevComm>>(
@@ -234,28 +250,18 @@ void bindDeviceSupport(CommunicatorClass& cls) {
          py::arg("requirements") = py::none(),
          "Creates a device communicator (collective).")
       .def_property_readonly(
-          "gin_type",
-          [](Communicator& comm) {
-            return ginTypeOf(queryCapabilities(comm, "gin_type").ginType);
-          })
+          "gin_type", capability<&CommCapabilities::ginType>("gin_type"))
       .def_property_readonly(
           "railed_gin_type",
-          [](Communicator& comm) {
-            return ginTypeOf(
-                queryCapabilities(comm, "railed_gin_type").railedGinType);
-          })
+          capability<&CommCapabilities::railedGinType>("railed_gin_type"))
       .def_property_readonly(
           "device_api_support",
-          [](Communicator& comm) {
-            return queryCapabilities(comm, "device_api_support").deviceApi;
-          },
+          capability<&CommCapabilities::deviceApi>("device_api_support"),
           "Whether NCCL gave the communicator symmetric memory: windows and "
           "device communicators (ncclCommQueryProperties, NCCL >= 2.29).")
       .def_property_readonly(
           "host_rma_support",
-          [](Communicator& comm) {
-            return queryCapabilities(comm, "host_rma_support").hostRma;
-          },
+          capability<&CommCapabilities::hostRma>("host_rma_support"),
           "Whether NCCL's host one-sided API (ncclPutSignal) reaches every "
           "peer (ncclCommQueryProperties, NCCL >= 2.29.7).")
       .def_property_readonly(

@@ -145,7 +145,7 @@ ncclResult_t revokeComm(ncclComm_t comm, int /*flags*/) {
   return FakeNccl::current().revoke(fakeOf(comm));
 }
 
-// NCCL >= 2.29.7's memory offload: a second suspend or resume in a row is
+// NCCL >= 2.29.7's suspend: a second suspend or resume in a row is
 // misuse, as NCCL's own memory manager says (ncclInvalidUsage).
 ncclResult_t suspendComm(ncclComm_t comm, int /*flags*/) {
   FakeNccl::Comm* fake = fakeOf(comm);

@@ -1,6 +1,6 @@
-"""Communicator.suspend / resume / memoryStats (NCCL >= 2.29.7's memory offload) against the
+"""Communicator.suspend / resume / memoryStats (NCCL >= 2.29.7's suspend) against the
 scripted NCCL: what reaches NCCL, what is refused while suspended, and the refusal where the
-loaded NCCL has no offload."""
+loaded NCCL has no ncclCommSuspend."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def test_a_failed_suspend_names_the_call_and_leaves_the_communicator_active(fake
 
 @pytest.mark.parametrize("fake", [{"suspend": False}], indirect=True, ids=["nccl<2.29.7"])
 @pytest.mark.parametrize("call", ["suspend", "resume", "memory_stats"])
-def test_without_nccls_offload_each_call_names_the_nccl_it_needs(fake, call):
+def test_without_nccls_suspend_each_call_names_the_nccl_it_needs(fake, call):
     comm = create()
     with pytest.raises(NotImplementedError, match=f"nccl_core {call}: needs NCCL >= 2.29.7"):
         getattr(testing, call)(comm)

@@ -1,4 +1,4 @@
-"""suspend / resume / memory_stats: NCCL's memory offload of a group (NCCL >= 2.29.7).
+"""suspend / resume / memory_stats: NCCL's suspend of a group (NCCL >= 2.29.7).
 
 Where the loaded NCCL has it, a suspend releases NCCL's device memory (measured), the group's
 ops are refused until resume, and ops after resume are right; where it has not, every call
@@ -18,7 +18,7 @@ import torch_nccl_core
 
 from .helpers import assert_equal, assert_raised, needs_ranks, probe_group, raised_by
 
-OFFLOAD = torch_nccl_core.features()["suspend_resume"]
+SUSPEND = torch_nccl_core.features()["suspend_resume"]
 CALLS = {
     "suspend": torch_nccl_core.suspend,
     "resume": torch_nccl_core.resume,
@@ -26,8 +26,8 @@ CALLS = {
 }
 
 
-@pytest.mark.skipif(OFFLOAD, reason="the loaded NCCL has ncclCommSuspend: no refusal to test")
-def test_without_nccls_offload_each_call_names_the_nccl_it_needs(device):
+@pytest.mark.skipif(SUSPEND, reason="the loaded NCCL has ncclCommSuspend: no refusal to test")
+def test_without_nccls_suspend_each_call_names_the_nccl_it_needs(device):
     group = dist.new_group(backend="nccl_core")
     probe_group(group)  # the communicator exists
     errors = {name: raised_by(lambda call=call: call(group)) for name, call in CALLS.items()}
@@ -48,7 +48,7 @@ def not_torchs(device: torch.device) -> int:
     return torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device)
 
 
-@pytest.mark.skipif(not OFFLOAD, reason="needs NCCL >= 2.29.7 (ncclCommSuspend): .ci/gpu_nccl")
+@pytest.mark.skipif(not SUSPEND, reason="needs NCCL >= 2.29.7 (ncclCommSuspend): .ci/gpu_nccl")
 def test_suspend_releases_nccls_memory_and_resume_restores_the_group(device):
     group = dist.new_group(backend="nccl_core")
     probe_group(group)
@@ -85,7 +85,7 @@ def test_suspend_releases_nccls_memory_and_resume_restores_the_group(device):
 
 
 @needs_ranks(2)  # an all_reduce at one rank finishes at once
-@pytest.mark.skipif(not OFFLOAD, reason="needs NCCL >= 2.29.7 (ncclCommSuspend): .ci/gpu_nccl")
+@pytest.mark.skipif(not SUSPEND, reason="needs NCCL >= 2.29.7 (ncclCommSuspend): .ci/gpu_nccl")
 def test_suspend_with_an_op_in_flight_on_one_rank_is_refused_on_every_rank(rank, device):
     """Suspend is collective: rank 0's all_reduce still waits for the last rank when it asks,
     so every rank refuses, before NCCL, and the group goes on."""

@@ -57,6 +57,11 @@ void combine(
   }
 }
 
+// Sender `from`'s region in rank `to`'s staging (no region for itself).
+size_t regionOf(int from, int to) {
+  return static_cast<size_t>(from < to ? from : from - 1);
+}
+
 } // namespace
 
 CopyEngineReduceScatter::CopyEngineReduceScatter(
@@ -108,104 +113,125 @@ void CopyEngineReduceScatter::drain() const noexcept {
   }
 }
 
-// Long, but one pipeline: its steps (gate, copies, signals, reductions) share
-// each chunk's slot and the four staging streams.
+// What the chunks of one enqueue share.
+struct CopyEngineReduceScatter::Pass {
+  const Staging& staging;
+  SignalWindow& signals;
+  const at::Tensor out; // flat
+  const at::Tensor in;  // flat: every rank's part, in rank order
+  const RedOpType op;
+};
+
+// Elements [first, first + n) of each rank's part, staged `slotOffset` bytes
+// into the sender's region at every peer.
+struct CopyEngineReduceScatter::Chunk {
+  int64_t first;
+  int64_t n;
+  size_t slotOffset;
+};
+
+void CopyEngineReduceScatter::after(cudaStream_t waiter, cudaStream_t stream) {
+  C10_CUDA_CHECK(cudaEventRecord(order_.get(), stream));
+  C10_CUDA_CHECK(cudaStreamWaitEvent(waiter, order_.get(), 0));
+}
+
 void CopyEngineReduceScatter::enqueue(
     const EngineCall& call,
     cudaStream_t stream) {
-  const RedOpType op = *call.reduction;
-  const int size = comm_.size();
-  const int self = comm_.rank();
-  const size_t region = kSlots * kChunkBytes; // per sender
-  SignalWindow& signals = comm_.signals();
-  const Staging& staging = this->staging((size - 1) * region);
-  const PeerBuffer& buffer = staging.buffer();
-  cudaStream_t copies = staging.copies();
-  cudaStream_t gate = staging.gate();
-  cudaStream_t signalling = staging.signals();
-  cudaStream_t reductions = staging.reductions();
-  // Sender `from`'s region in rank `to`'s staging.
-  const auto regionOf = [](int from, int to) {
-    return static_cast<size_t>(from < to ? from : from - 1);
-  };
-  // `waiter` goes on once `stream`'s work so far is done. One event serves
-  // every pair: a wait takes the event as last recorded.
-  const auto after = [&](cudaStream_t waiter, cudaStream_t stream) {
-    C10_CUDA_CHECK(cudaEventRecord(order_.get(), stream));
-    C10_CUDA_CHECK(cudaStreamWaitEvent(waiter, order_.get(), 0));
-  };
-
-  after(copies, stream);
-  after(reductions, stream);
-  const at::Tensor out = call.output.view(-1);
-  const at::Tensor in = call.input.view(-1);
-  const int64_t count = out.numel();
-  const int64_t elementSize = out.element_size();
+  const Pass pass{
+      staging((comm_.size() - 1) * kRegionBytes),
+      comm_.signals(),
+      call.output.view(-1),
+      call.input.view(-1),
+      *call.reduction};
+  const Staging& staging = pass.staging;
+  after(staging.copies(), stream);
+  after(staging.reductions(), stream);
+  const int64_t count = pass.out.numel();
   // At least two chunks, so that reducing one overlaps copying the next.
   const int64_t chunk = std::max<int64_t>(
       1,
       std::min<int64_t>(
-          static_cast<int64_t>(kChunkBytes) / elementSize, (count + 1) / 2));
-  const auto* source = static_cast<const char*>(in.data_ptr());
-  const at::cuda::CUDAStream reduceStream = at::cuda::getStreamFromExternal(
-      reductions, static_cast<c10::DeviceIndex>(comm_.device()));
-  c10::cuda::CUDAStreamGuard onReductions(reduceStream);
-
+          static_cast<int64_t>(kChunkBytes) / pass.out.element_size(),
+          (count + 1) / 2));
+  const c10::cuda::CUDAStreamGuard onReductions(
+      at::cuda::getStreamFromExternal(
+          staging.reductions(), static_cast<c10::DeviceIndex>(comm_.device())));
   for (int64_t first = 0; first < count; first += chunk) {
-    const int64_t n = std::min(chunk, count - first);
-    const size_t slotOffset = nextSlot_ * kChunkBytes;
-    if (slotsInUse_ == kSlots) {
-      // The slot reused now (the oldest) is free once every peer says so.
-      // Waited for on `gate`, so that only the copy that needs it waits.
-      signals.waitAllPeers(SignalChannel::StagingFreed, 1, gate);
-      after(copies, gate);
-      --slotsInUse_;
-    }
-    for (int peer = 0; peer < size; ++peer) {
-      if (peer == self) {
-        continue;
-      }
-      const uintptr_t target =
-          buffer.remote(peer) + regionOf(self, peer) * region + slotOffset;
-      C10_CUDA_CHECK(cudaMemcpyAsync(
-          reinterpret_cast<void*>(target),
-          source + (peer * count + first) * elementSize,
-          n * elementSize,
-          cudaMemcpyDeviceToDevice,
-          copies));
-    }
-    // Signalled from another stream: the next copy starts at once.
-    after(signalling, copies);
-    signals.signalAllPeers(SignalChannel::StagingFilled, signalling);
-    ++slotsInUse_;
-
-    signals.waitAllPeers(SignalChannel::StagingFilled, 1, reductions);
-    at::Tensor into = out.narrow(0, first, n);
-    const at::Tensor mine = in.narrow(0, self * count + first, n);
-    bool firstPeer = true;
-    for (int peer = 0; peer < size; ++peer) {
-      if (peer == self) {
-        continue;
-      }
-      const at::Tensor theirs = at::from_blob(
-          static_cast<char*>(buffer.local()) + regionOf(peer, self) * region +
-              slotOffset,
-          {n},
-          out.options());
-      combine(into, firstPeer ? mine : into, theirs, op);
-      firstPeer = false;
-    }
-    if (op == RedOpType::AVG) {
-      into.div_(size);
-    }
-    signals.signalAllPeers(SignalChannel::StagingFreed, reductions);
+    const Chunk part{
+        first, std::min(chunk, count - first), nextSlot_ * kChunkBytes};
+    send(pass, part);
+    reduce(pass, part);
     nextSlot_ = (nextSlot_ + 1) % kSlots;
   }
   // The op is done on `stream` once its inputs were read and every stream
   // that worked for it is through.
-  for (cudaStream_t worker : {copies, signalling, reductions}) {
+  for (cudaStream_t worker :
+       {staging.copies(), staging.signals(), staging.reductions()}) {
     after(stream, worker);
   }
+}
+
+void CopyEngineReduceScatter::send(const Pass& pass, const Chunk& part) {
+  const Staging& staging = pass.staging;
+  const int self = comm_.rank();
+  const int64_t elementSize = pass.in.element_size();
+  const int64_t count = pass.out.numel();
+  if (slotsInUse_ == kSlots) {
+    // The slot reused now (the oldest) is free once every peer says so.
+    // Waited for on the gate, so that only the copy that needs it waits.
+    pass.signals.waitAllPeers(SignalChannel::StagingFreed, 1, staging.gate());
+    after(staging.copies(), staging.gate());
+    --slotsInUse_;
+  }
+  const auto* source = static_cast<const char*>(pass.in.data_ptr());
+  for (int peer = 0; peer < comm_.size(); ++peer) {
+    if (peer == self) {
+      continue;
+    }
+    const uintptr_t target = staging.buffer().remote(peer) +
+                             regionOf(self, peer) * kRegionBytes +
+                             part.slotOffset;
+    C10_CUDA_CHECK(cudaMemcpyAsync(
+        reinterpret_cast<void*>(target),
+        source + (peer * count + part.first) * elementSize,
+        part.n * elementSize,
+        cudaMemcpyDeviceToDevice,
+        staging.copies()));
+  }
+  // Signalled from another stream: the next copy starts at once.
+  after(staging.signals(), staging.copies());
+  pass.signals.signalAllPeers(SignalChannel::StagingFilled, staging.signals());
+  ++slotsInUse_;
+}
+
+// On the reductions stream, which the caller made the current one.
+void CopyEngineReduceScatter::reduce(const Pass& pass, const Chunk& part) {
+  const Staging& staging = pass.staging;
+  const int self = comm_.rank();
+  pass.signals.waitAllPeers(
+      SignalChannel::StagingFilled, 1, staging.reductions());
+  at::Tensor into = pass.out.narrow(0, part.first, part.n);
+  const at::Tensor mine =
+      pass.in.narrow(0, self * pass.out.numel() + part.first, part.n);
+  bool firstPeer = true;
+  for (int peer = 0; peer < comm_.size(); ++peer) {
+    if (peer == self) {
+      continue;
+    }
+    const at::Tensor theirs = at::from_blob(
+        static_cast<char*>(staging.buffer().local()) +
+            regionOf(peer, self) * kRegionBytes + part.slotOffset,
+        {part.n},
+        pass.out.options());
+    combine(into, firstPeer ? mine : into, theirs, pass.op);
+    firstPeer = false;
+  }
+  if (pass.op == RedOpType::AVG) {
+    into.div_(comm_.size());
+  }
+  pass.signals.signalAllPeers(
+      SignalChannel::StagingFreed, staging.reductions());
 }
 
 } // namespace nccl_core

@@ -42,9 +42,20 @@ class CopyEngineReduceScatter final : public Engine {
   // Staging per sender: kSlots chunks of at most kChunkBytes.
   static constexpr size_t kChunkBytes = size_t{32} << 20;
   static constexpr int kSlots = 3;
+  static constexpr size_t kRegionBytes = kSlots * kChunkBytes;
+
+  struct Pass;
+  struct Chunk;
 
   // The staging, made with the first enqueue (collective then).
   const Staging& staging(size_t bytes);
+  // `waiter` goes on once `stream`'s work so far is done. One event serves
+  // every pair: a wait takes the event as last recorded.
+  void after(cudaStream_t waiter, cudaStream_t stream);
+  // The pipeline's two steps for each chunk: copy it into the peers'
+  // staging and signal them; wait for the peers' copies and reduce them.
+  void send(const Pass& pass, const Chunk& part);
+  void reduce(const Pass& pass, const Chunk& part);
 
   Communicator& comm_;
   // Guards staging_, which drain() reads from the aborting thread.

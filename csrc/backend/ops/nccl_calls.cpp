@@ -51,6 +51,17 @@ sendBytes(const NcclTarget& to, const void* ptr, size_t bytes, int peer) {
   return to.api().send(ptr, bytes, ncclUint8, peer, to.handle, to.stream);
 }
 
+// `in` reduced into `out` on rank `root`.
+ncclResult_t reduceTo(
+    const NcclTarget& to,
+    const NcclBuffer& in,
+    void* out,
+    ncclRedOp_t op,
+    int root) {
+  return to.api().reduce(
+      in.ptr, out, in.count, in.dtype, op, root, to.handle, to.stream);
+}
+
 ncclResult_t
 recvBytes(const NcclTarget& to, void* ptr, size_t bytes, int peer) {
   return to.api().recv(ptr, bytes, ncclUint8, peer, to.handle, to.stream);
@@ -110,8 +121,7 @@ ncclResult_t reduce(
     ncclRedOp_t op,
     int root) {
   const NcclBuffer buf = elementsOf(tensor);
-  return to.api().reduce(
-      buf.ptr, buf.ptr, buf.count, buf.dtype, op, root, to.handle, to.stream);
+  return reduceTo(to, buf, buf.ptr, op, root);
 }
 
 namespace {
@@ -176,16 +186,7 @@ ncclResult_t reduceScatterList(
     ncclRedOp_t op) {
   const NcclBuffer out = elementsOf(output);
   return inOneGroup(to, "ncclReduce", list.size(), [&](size_t r) {
-    const NcclBuffer in = elementsOf(list[r]);
-    return to.api().reduce(
-        in.ptr,
-        out.ptr,
-        in.count,
-        in.dtype,
-        op,
-        static_cast<int>(r),
-        to.handle,
-        to.stream);
+    return reduceTo(to, elementsOf(list[r]), out.ptr, op, static_cast<int>(r));
   });
 }
 

@@ -58,20 +58,9 @@ void WindowUpgrade::consider(
   }
 
   const std::lock_guard<std::mutex> lock(mutex_);
-  auto shape =
-      std::find_if(shapes_.begin(), shapes_.end(), [&](const Shape& s) {
-        return s.type == type && s.outputBytes == output.bytes &&
-               s.inputBytes == input.bytes;
-      });
-  if (shape == shapes_.end()) {
-    if (shapes_.size() == kMaxShapes) {
-      return;
-    }
-    shapes_.push_back(Shape{type, output.bytes, input.bytes});
-    shape = std::prev(shapes_.end());
-  }
-  if (shape->runs == kVoteAtRun) {
-    return; // voted on already
+  Shape* shape = shapeOf(type, output.bytes, input.bytes);
+  if (shape == nullptr || shape->runs == kVoteAtRun) {
+    return; // followed too many shapes, or voted on already
   }
   const bool repeated = shape->last == buffers;
   shape->last = buffers;
@@ -88,6 +77,28 @@ void WindowUpgrade::consider(
   if (!unanimous(agree(vote), vote, comm_.size())) {
     return;
   }
+  registerWindows(buffers);
+}
+
+WindowUpgrade::Shape* WindowUpgrade::shapeOf(
+    c10d::OpType type,
+    size_t outputBytes,
+    size_t inputBytes) {
+  const auto shape =
+      std::find_if(shapes_.begin(), shapes_.end(), [&](const Shape& s) {
+        return s.type == type && s.outputBytes == outputBytes &&
+               s.inputBytes == inputBytes;
+      });
+  if (shape != shapes_.end()) {
+    return &*shape;
+  }
+  if (shapes_.size() == kMaxShapes) {
+    return nullptr;
+  }
+  return &shapes_.emplace_back(Shape{type, outputBytes, inputBytes});
+}
+
+void WindowUpgrade::registerWindows(const Buffers& buffers) {
   for (const Buffer& buffer : buffers) {
     // Every rank qualified its buffer: every rank's part is this one's.
     const WindowPlace place =

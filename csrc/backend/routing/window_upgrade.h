@@ -86,6 +86,11 @@ class WindowUpgrade {
   // tensor's own NCCL memory (its free closes the window), in no window yet,
   // in one cuMem allocation at an aligned offset.
   bool qualifies(const Buffer& buffer) const;
+  // The shape followed for these sizes, added where new; null where
+  // kMaxShapes are followed already. Under mutex_.
+  Shape* shapeOf(c10d::OpType type, size_t outputBytes, size_t inputBytes);
+  // The windows every rank voted for, registered (collective).
+  void registerWindows(const Buffers& buffers);
 
   Communicator& comm_;
   // Held through a vote and its registrations: they are collective, so one

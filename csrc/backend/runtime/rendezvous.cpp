@@ -40,6 +40,62 @@ std::string decisionKey(const std::string& prefix) {
 std::string idKey(const std::string& prefix) {
   return prefix + "/unique_id";
 }
+
+// Why a meeting of `ranks` did not go ahead, as rank `rank` saw it.
+std::string whyNotMet(
+    const Meeting& at,
+    int rank,
+    const std::vector<int>& ranks,
+    bool abandoned,
+    bool decidedElsewhere) {
+  const int64_t timeoutMs = at.timeout.count();
+  std::vector<int> missing;
+  for (int r : ranks) {
+    if (!at.store.check({arrivedKey(at.prefix, r)})) {
+      missing.push_back(r);
+    }
+  }
+  const std::string ranksMissing = c10::Join(", ", missing);
+  if (abandoned) {
+    return c10::str(
+        "rank ",
+        rank,
+        " of ",
+        at.label,
+        " gave up waiting for rank(s) ",
+        ranksMissing,
+        ": the group was aborted");
+  }
+  if (missing.empty()) {
+    return c10::str(
+        "rank ",
+        rank,
+        " of ",
+        at.label,
+        " came after the other ranks had given up waiting for it (the "
+        "group's timeout, ",
+        timeoutMs,
+        " ms)");
+  }
+  return c10::str(
+      "rank(s) ",
+      ranksMissing,
+      " of ",
+      at.label,
+      decidedElsewhere
+          ? c10::str(
+                " did not come, and another rank gave the meeting up (the "
+                "group's timeout is ",
+                timeoutMs,
+                " ms)")
+          : c10::str(
+                " did not come within the group's timeout (",
+                timeoutMs,
+                " ms); rank ",
+                rank,
+                " waited for them"));
+}
+
 } // namespace
 
 int64_t meet(
@@ -77,53 +133,10 @@ int64_t meet(
       std::vector<uint8_t>(proposal.begin(), proposal.end()));
   const std::string decision(decided.begin(), decided.end());
   if (decision.rfind(kGo + ":", 0) != 0) {
-    std::vector<int> missing;
-    for (int r : ranks) {
-      if (!store.check({arrivedKey(prefix, r)})) {
-        missing.push_back(r);
-      }
-    }
-    const std::string ranksMissing = c10::Join(", ", missing);
-    std::string why;
-    if (abandoned) {
-      why = c10::str(
-          "rank ",
-          rank,
-          " of ",
-          at.label,
-          " gave up waiting for rank(s) ",
-          ranksMissing,
-          ": the group was aborted");
-    } else if (missing.empty()) {
-      why = c10::str(
-          "rank ",
-          rank,
-          " of ",
-          at.label,
-          " came after the other ranks had given up waiting for it (the "
-          "group's timeout, ",
-          timeout.count(),
-          " ms)");
-    } else {
-      why = c10::str(
-          "rank(s) ",
-          ranksMissing,
-          " of ",
-          at.label,
-          decidedElsewhere
-              ? c10::str(
-                    " did not come, and another rank gave the meeting up (the "
-                    "group's timeout is ",
-                    timeout.count(),
-                    " ms)")
-              : c10::str(
-                    " did not come within the group's timeout (",
-                    timeout.count(),
-                    " ms); rank ",
-                    rank,
-                    " waited for them"));
-    }
-    C10_THROW_ERROR(DistBackendError, "nccl_core: " + why);
+    C10_THROW_ERROR(
+        DistBackendError,
+        "nccl_core: " +
+            whyNotMet(at, rank, ranks, abandoned, decidedElsewhere));
   }
   return std::stoll(decision.substr(kGo.size() + 1));
 }
