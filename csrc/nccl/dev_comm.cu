@@ -3,6 +3,8 @@
 
 #include <limits>
 #include <nccl_device.h>
+#include <string_view>
+#include <type_traits>
 
 #include "nccl/api.h"
 #include "nccl/capabilities.h"
@@ -28,10 +30,46 @@ ncclDevCommRequirements_t defaultRequirements() {
 #endif
 }
 
-void setField(
-    ncclDevCommRequirements_t& r,
-    const std::string& name,
-    int64_t value) {
+using Requirements = ncclDevCommRequirements_t;
+
+// Requirement `field` set to `value` (bool fields: nonzero; enums: their
+// ncclGin* value), as DevCommRequirements._nccl_fields gives them.
+template <auto field>
+void set(Requirements& r, int value) {
+  using Field = std::remove_reference_t<decltype(r.*field)>;
+  r.*field = static_cast<Field>(value);
+}
+
+struct RequirementField {
+  std::string_view name; // DevCommRequirements' (nccl4py's) name
+  void (*assign)(Requirements&, int);
+};
+
+// clang-format off: a table, one requirement a row
+constexpr RequirementField kRequirementFields[] = {
+    {"lsa_multimem", set<&Requirements::lsaMultimem>},
+    {"barrier_count", set<&Requirements::barrierCount>},
+    {"lsa_barrier_count", set<&Requirements::lsaBarrierCount>},
+    {"rail_gin_barrier_count", set<&Requirements::railGinBarrierCount>},
+    {"lsa_ll_a2a_block_count", set<&Requirements::lsaLLA2ABlockCount>},
+    {"lsa_ll_a2a_slot_count", set<&Requirements::lsaLLA2ASlotCount>},
+    {"gin_force_enable", set<&Requirements::ginForceEnable>},
+    {"gin_context_count", set<&Requirements::ginContextCount>},
+    {"gin_signal_count", set<&Requirements::ginSignalCount>},
+    {"gin_counter_count", set<&Requirements::ginCounterCount>},
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 0)
+    {"gin_connection_type", set<&Requirements::ginConnectionType>},
+    {"gin_exclusive_contexts", set<&Requirements::ginExclusiveContexts>},
+    {"gin_queue_depth", set<&Requirements::ginQueueDepth>},
+    {"gin_traffic_class", set<&Requirements::ginTrafficClass>},
+    {"world_gin_barrier_count", set<&Requirements::worldGinBarrierCount>},
+    {"gin_strong_signals_required", set<&Requirements::ginStrongSignalsRequired>},
+    {"gin_va_signals_required", set<&Requirements::ginVaSignalsRequired>},
+#endif
+};
+// clang-format on
+
+void setField(Requirements& r, const std::string& name, int64_t value) {
   NCCL_CORE_CHECK_ARG(
       value >= 0 && value <= std::numeric_limits<int>::max(),
       "create_dev_comm",
@@ -39,55 +77,22 @@ void setField(
       name,
       "' must be in [0, 2**31 - 1], got ",
       value);
-  const int v = static_cast<int>(value);
-  if (name == "lsa_multimem") {
-    r.lsaMultimem = v != 0;
-  } else if (name == "barrier_count") {
-    r.barrierCount = v;
-  } else if (name == "lsa_barrier_count") {
-    r.lsaBarrierCount = v;
-  } else if (name == "rail_gin_barrier_count") {
-    r.railGinBarrierCount = v;
-  } else if (name == "lsa_ll_a2a_block_count") {
-    r.lsaLLA2ABlockCount = v;
-  } else if (name == "lsa_ll_a2a_slot_count") {
-    r.lsaLLA2ASlotCount = v;
-  } else if (name == "gin_force_enable") {
-    r.ginForceEnable = v != 0;
-  } else if (name == "gin_context_count") {
-    r.ginContextCount = v;
-  } else if (name == "gin_signal_count") {
-    r.ginSignalCount = v;
-  } else if (name == "gin_counter_count") {
-    r.ginCounterCount = v;
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 0)
-  } else if (name == "gin_connection_type") {
-    r.ginConnectionType = static_cast<ncclGinConnectionType_t>(v);
-  } else if (name == "gin_exclusive_contexts") {
-    r.ginExclusiveContexts = v != 0;
-  } else if (name == "gin_queue_depth") {
-    r.ginQueueDepth = v;
-  } else if (name == "gin_traffic_class") {
-    r.ginTrafficClass = v;
-  } else if (name == "world_gin_barrier_count") {
-    r.worldGinBarrierCount = v;
-  } else if (name == "gin_strong_signals_required") {
-    r.ginStrongSignalsRequired = v != 0;
-  } else if (name == "gin_va_signals_required") {
-    r.ginVaSignalsRequired = v != 0;
-#endif
-  } else {
-    NCCL_CORE_CHECK_SUPPORTED(
-        false,
-        "create_dev_comm",
-        "requirement '",
-        name,
-        "' is not in the NCCL ",
-        NCCL_MAJOR,
-        ".",
-        NCCL_MINOR,
-        " this extension was built against (it may need a newer NCCL)");
+  for (const RequirementField& field : kRequirementFields) {
+    if (field.name == name) {
+      field.assign(r, static_cast<int>(value));
+      return;
+    }
   }
+  NCCL_CORE_CHECK_SUPPORTED(
+      false,
+      "create_dev_comm",
+      "requirement '",
+      name,
+      "' is not in the NCCL ",
+      NCCL_MAJOR,
+      ".",
+      NCCL_MINOR,
+      " this extension was built against (it may need a newer NCCL)");
 }
 
 } // namespace

@@ -21,43 +21,29 @@ struct FeatureInfo {
 
 // The NCCL release that brought each feature, from its release notes and
 // headers (docs/compatibility.md), in Feature's order.
+// clang-format off: a table, one feature a row
 constexpr FeatureInfo kFeatures[] = {
     {Feature::Float8, "float8", NCCL_VERSION(2, 24, 0)},
-    {Feature::WindowRegistration,
-     "window_registration",
-     NCCL_VERSION(2, 27, 0)},
+    {Feature::WindowRegistration, "window_registration", NCCL_VERSION(2, 27, 0)},
     {Feature::DeviceApi, "device_api", NCCL_VERSION(2, 28, 0)},
     {Feature::HostOneSided, "host_one_sided", NCCL_VERSION(2, 29, 0)},
-    {Feature::WindowHostPointers,
-     "window_host_pointers",
-     NCCL_VERSION(2, 29, 0)},
-    {Feature::WindowStrictOrdering,
-     "window_strict_ordering",
-     NCCL_VERSION(2, 29, 0)},
+    {Feature::WindowHostPointers, "window_host_pointers", NCCL_VERSION(2, 29, 0)},
+    {Feature::WindowStrictOrdering, "window_strict_ordering", NCCL_VERSION(2, 29, 0)},
     {Feature::CommGrow, "comm_grow", NCCL_VERSION(2, 29, 0)},
     {Feature::SuspendResume, "suspend_resume", NCCL_VERSION(2, 29, 7)},
     // dev_runtime.cc's lsaMaxSize
-    {Feature::WindowSizesPerRank,
-     "window_sizes_per_rank",
-     NCCL_VERSION(2, 30, 7)},
-    {Feature::WindowRegistrationInCapture,
-     "window_registration_in_capture",
-     NCCL_VERSION(2, 30, 0)},
-    {Feature::OneSidedGraphCapture,
-     "one_sided_graph_capture",
-     NCCL_VERSION(2, 30, 7)},
+    {Feature::WindowSizesPerRank, "window_sizes_per_rank", NCCL_VERSION(2, 30, 7)},
+    {Feature::WindowRegistrationInCapture, "window_registration_in_capture", NCCL_VERSION(2, 30, 0)},
+    {Feature::OneSidedGraphCapture, "one_sided_graph_capture", NCCL_VERSION(2, 30, 7)},
     // Across nodes (hierarchical) from 2.30.7.
     {Feature::ZeroCtaPolicy, "zero_cta_policy", NCCL_VERSION(2, 28, 0)},
-    {Feature::PerCollectiveConfig,
-     "per_collective_config",
-     NCCL_VERSION(2, 31, 0)},
+    {Feature::PerCollectiveConfig, "per_collective_config", NCCL_VERSION(2, 31, 0)},
     {Feature::SocketGin, "socket_gin", NCCL_VERSION(2, 32, 3)},
     {Feature::WindowGinOnly, "window_gin_only", NCCL_VERSION(2, 32, 3)},
     // 2.32.3's commDestroySync; not 2.31.
-    {Feature::FinalizeWaitsForHost,
-     "finalize_waits_for_host",
-     NCCL_VERSION(2, 32, 0)},
+    {Feature::FinalizeWaitsForHost, "finalize_waits_for_host", NCCL_VERSION(2, 32, 0)},
 };
+// clang-format on
 
 constexpr bool inEnumOrder() {
   for (size_t i = 0; i < std::size(kFeatures); ++i) {

@@ -216,3 +216,27 @@ def test_nan_check_refuses_nan_to_send_and_leaves_the_group_usable(group, monkey
     with torch.cuda.graph(graph):  # no check while capturing: nothing may synchronize
         dist.all_reduce(dirty, group=checked)
     assert torch.equal(x, data())
+
+
+def test_a_device_communicator_takes_each_kind_of_requirement(group):
+    """create_dev_comm sets flags, counts and (NCCL >= 2.29) enums from DevCommRequirements, and
+    names a requirement the NCCL it was built against lacks; the group stays usable."""
+    comm = torch_nccl_core.communicator()
+    requirements = torch_nccl_core.DevCommRequirements(
+        lsa_multimem=False, barrier_count=1, lsa_barrier_count=2, gin_force_enable=False
+    )
+    dev = comm.create_dev_comm(requirements)
+    assert (dev.is_valid, dev.lsa_rank, dev.lsa_size) == (True, 0, 1)
+    dev.close()
+    no_gin = torch_nccl_core.DevCommRequirements(
+        gin_connection_type=torch_nccl_core.GinConnectionType.NONE
+    )
+    if torch_nccl_core.nccl_version() >= (2, 29, 0):
+        comm.create_dev_comm(no_gin).close()
+    else:
+        with pytest.raises(NotImplementedError, match="requirement 'gin_connection_type'"):
+            comm.create_dev_comm(no_gin)
+    y = data()
+    dist.all_reduce(y)
+    torch.cuda.synchronize()
+    assert torch.equal(y, data())
