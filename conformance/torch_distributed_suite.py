@@ -27,6 +27,7 @@ rank 0 deletes a checkpoint a few ms after a barrier, and rank 1 loads it after 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import tempfile
@@ -129,7 +130,8 @@ class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
         torch.backends.cudnn.flags(enabled=True, allow_tf32=False).__enter__()
 
     if TARGET != "nccl":
-
+        # wraps: the suite's skip marks (on its function) stay with the test.
+        @functools.wraps(DistributedTest._DistTestBase.test_nccl_high_priority_stream)
         def test_nccl_high_priority_stream(self):
             # Its broadcast runs on a ProcessGroupNCCL the test makes itself, whose ranges are
             # "nccl:broadcast", while the suite looks for ranges named after the default group's

@@ -15,7 +15,7 @@
 #include "backend/ops/arguments.h"
 #include "backend/ops/nan_check.h"
 #include "backend/runtime/flight_recorder.h"
-#include "backend/runtime/rendezvous.h"
+#include "backend/runtime/meetings.h"
 #include "nccl/api.h"
 #include "nccl/caching_allocator_segments.h"
 #include "nccl/errors.h"

@@ -379,7 +379,7 @@ class NcclCoreBackend : public c10d::Backend, public OneSidedGroup {
       int shrinkFlags) const;
   void initCommunicator(at::Device device);
   // A communicator of `size` ranks, this one `rank`, on `device`, for group
-  // `name`: the ranks meet in the store under `purpose` (rendezvous.h; this
+  // `name`: the ranks meet in the store under `purpose` (meetings.h; this
   // rank gives the meeting up once `abandon` holds), then NCCL initializes it;
   // `started` sees it before its initialization ends.
   std::shared_ptr<Communicator> newCommunicator(

@@ -4,7 +4,7 @@
 
 #include <numeric>
 
-#include "backend/runtime/rendezvous.h"
+#include "backend/runtime/meetings.h"
 
 namespace nccl_core {
 

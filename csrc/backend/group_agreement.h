@@ -1,5 +1,5 @@
 // Where a group's ranks agree, in the store they meet in (runtime/
-// rendezvous.h): store keys of their own for each incarnation of the group,
+// meetings.h): store keys of their own for each incarnation of the group,
 // meetings of every rank bounded by the group's timeout and given up once the
 // group fails, and numbered meetings for what recurs (suspend, resume, window
 // upgrade votes, shrink), so that each has keys of its own. The backend's
@@ -66,7 +66,7 @@ class GroupAgreement {
 
   // The ranks 0 to `size` - 1 of the communicator `label` names meet under
   // `key(purpose)` before it is made and get its unique id, made by rank 0
-  // (rendezvous.h); the meeting is given up once `abandon` holds.
+  // (meetings.h); the meeting is given up once `abandon` holds.
   ncclUniqueId rendezvous(
       const std::string& purpose,
       const std::string& label,

@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "backend/backend.h"
-#include "backend/runtime/rendezvous.h"
+#include "backend/runtime/meetings.h"
 #include "nccl/errors.h"
 
 namespace nccl_core {

@@ -54,8 +54,8 @@ constexpr bool inEnumOrder() {
   return true;
 }
 static_assert(
-    inEnumOrder() && std::size(kFeatures) ==
-                         static_cast<size_t>(Feature::FinalizeWaitsForHost) + 1,
+    inEnumOrder() &&
+        std::size(kFeatures) == static_cast<size_t>(Feature::Count),
     "kFeatures lists every Feature, in its order");
 
 const FeatureInfo& info(Feature feature) {

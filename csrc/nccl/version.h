@@ -25,7 +25,7 @@ std::string versionText(int code);
 
 // Minimum runtime versions of optional features (docs/compatibility.md says
 // which of them the package uses, and how). version.cpp's table lists them in
-// this order, FinalizeWaitsForHost last.
+// this order.
 enum class Feature {
   Float8,               // ncclFloat8e4m3 / ncclFloat8e5m2
   WindowRegistration,   // ncclCommWindowRegister
@@ -44,6 +44,7 @@ enum class Feature {
   WindowGinOnly,               // NCCL_WIN_GIN_ONLY
   FinalizeWaitsForHost, // ncclCommFinalize ends with a barrier of the host's
                         // ranks
+  Count,                // not a feature: how many there are
 };
 
 bool hasFeature(Feature feature);

@@ -132,10 +132,10 @@ py::object ginTypeOf(int value) {
 // types as dev_comm.GinType.
 template <auto field>
 auto capability(const char* name) {
-  return [name](Communicator& comm) -> py::object {
+  return [name](Communicator& comm) {
     const auto value = queryCapabilities(comm, name).*field;
     if constexpr (std::is_same_v<std::remove_const_t<decltype(value)>, bool>) {
-      return py::bool_(value);
+      return value;
     } else {
       return ginTypeOf(value);
     }

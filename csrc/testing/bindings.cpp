@@ -20,7 +20,7 @@
 #include "backend/runtime/failure.h"
 #include "backend/runtime/flight_recorder.h"
 #include "backend/runtime/hooks.h"
-#include "backend/runtime/rendezvous.h"
+#include "backend/runtime/meetings.h"
 #include "backend/runtime/sync_ops.h"
 #include "backend/runtime/watchdog.h"
 #include "backend/runtime/work.h"
@@ -326,7 +326,7 @@ void bindCommunicatorMaking(py::module_& testing) {
       release);
 }
 
-// rendezvous.h's store meetings.
+// meetings.h's store meetings.
 void bindMeetings(py::module_& testing) {
   const auto release = py::call_guard<py::gil_scoped_release>();
   testing.def(
@@ -350,7 +350,7 @@ void bindMeetings(py::module_& testing) {
       py::arg("timeout"),
       py::arg("abandon") = std::function<bool()>(),
       release,
-      "rendezvous.h's meeting of rank `rank` of `size`: the unique id's "
+      "meetings.h's meeting of rank `rank` of `size`: the unique id's "
       "bytes.");
   testing.def(
       "meet",
@@ -369,7 +369,7 @@ void bindMeetings(py::module_& testing) {
       py::arg("count"),
       py::arg("timeout"),
       release,
-      "rendezvous.h's meeting of `ranks`: its tally.");
+      "meetings.h's meeting of `ranks`: its tally.");
   testing.def(
       "give_up_meeting",
       [](const c10::intrusive_ptr<c10d::Store>& store,

@@ -225,7 +225,12 @@ def test_a_device_communicator_takes_each_kind_of_requirement(group):
     requirements = torch_nccl_core.DevCommRequirements(
         lsa_multimem=False, barrier_count=1, lsa_barrier_count=2, gin_force_enable=False
     )
-    dev = comm.create_dev_comm(requirements)
+    try:
+        dev = comm.create_dev_comm(requirements)
+    except NotImplementedError as error:  # .ci/gpu_nccl's other NCCL, loaded without a rebuild
+        if "the NCCL release this extension was built against" not in str(error):
+            raise
+        pytest.skip(str(error))
     assert (dev.is_valid, dev.lsa_rank, dev.lsa_size) == (True, 0, 1)
     dev.close()
     no_gin = torch_nccl_core.DevCommRequirements(

@@ -115,8 +115,8 @@ void CopyEngineReduceScatter::drain() const noexcept {
 
 // What the chunks of one enqueue share.
 struct CopyEngineReduceScatter::Pass {
+  SignalWindow& signals; // before the staging, as both are first made
   const Staging& staging;
-  SignalWindow& signals;
   const at::Tensor out; // flat
   const at::Tensor in;  // flat: every rank's part, in rank order
   const RedOpType op;
@@ -139,8 +139,8 @@ void CopyEngineReduceScatter::enqueue(
     const EngineCall& call,
     cudaStream_t stream) {
   const Pass pass{
-      staging((comm_.size() - 1) * kRegionBytes),
       comm_.signals(),
+      staging((comm_.size() - 1) * kRegionBytes),
       call.output.view(-1),
       call.input.view(-1),
       *call.reduction};

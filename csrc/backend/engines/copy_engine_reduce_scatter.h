@@ -61,7 +61,7 @@ class CopyEngineReduceScatter final : public Engine {
   // Guards staging_, which drain() reads from the aborting thread.
   mutable std::mutex stagingMutex_;
   std::unique_ptr<Staging> staging_;
-  EventPool::Event order_; // orders the streams (see enqueue)
+  EventPool::Event order_; // orders the streams (see after())
   std::optional<bool> allPeersLoadStore_;
   // Host bookkeeping of the staging slots (why a captured op cannot take
   // this path): slots at each peer written and not yet freed.

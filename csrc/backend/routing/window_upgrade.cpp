@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "backend/routing/policy.h"
-#include "backend/runtime/rendezvous.h"
+#include "backend/runtime/meetings.h"
 #include "nccl/allocations.h"
 #include "nccl/window_layout.h"
 

@@ -1,5 +1,5 @@
 """How the ranks of a new communicator meet before NCCL initializes it
-(csrc/backend/runtime/rendezvous.h): bounded by the group's timeout, naming the ranks that never
+(csrc/backend/runtime/meetings.h): bounded by the group's timeout, naming the ranks that never
 came, where NCCL's own bootstrap would wait for them for ever."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-#include "backend/runtime/rendezvous.h"
+#include "backend/runtime/meetings.h"
 
 #include <cstring>
 #include <numeric>
