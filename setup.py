@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections import defaultdict
 from pathlib import Path
 
 from setuptools import find_packages, setup
@@ -76,11 +77,35 @@ class BuildExtensions(BuildExtension):
         super().build_extension(ext)
 
 
+def by_folder(name: str, sources: list[str]) -> list[str]:
+    """The C++ files of each folder compiled as one (a unity build): torch's headers, most of a
+    file's compile time, are then compiled once per folder, not once per file. So names in a
+    file's anonymous namespace must differ from those of the other files in its folder.
+    TORCH_NCCL_CORE_UNITY=0 compiles a file at a time, for quick rebuilds while editing."""
+    if os.environ.get("TORCH_NCCL_CORE_UNITY", "1") != "1":
+        return sources
+    folders = defaultdict(list)
+    for source in sources:
+        if source.endswith(".cpp"):
+            folders[os.path.dirname(source)].append(source)
+    combined = [source for source in sources if not source.endswith(".cpp")]
+    for folder, files in folders.items():
+        path = Path("build", "unity", name, folder.replace("/", "_") + ".cpp")
+        text = "".join(f'#include "{(ROOT / file).resolve()}"\n' for file in files)
+        # Rewritten only when it changes: ninja rebuilds what an included file's edit touches.
+        if not path.exists() or path.read_text() != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        combined.append(str(path))
+    return combined
+
+
 def extension(name: str, sources: list[str], depends: list[str] = ()) -> CUDAExtension:
     return CUDAExtension(
         name=name,
-        sources=sources,
-        depends=list(depends),
+        sources=by_folder(name, sources),
+        # The files a unity file includes: setuptools rebuilds when one is newer.
+        depends=[*depends, *sources],
         include_dirs=[str(ROOT / "csrc"), nccl_include],
         library_dirs=[nccl_lib],
         # The exact soname torch loads, so both share one NCCL instance.

@@ -17,7 +17,7 @@ namespace {
 // Polled, not waited for: c10d's TCPStore client holds its lock through a
 // wait, and every group on the default store shares that client (their
 // watchdogs read their abort keys through it).
-constexpr std::chrono::milliseconds kPollInterval{10};
+constexpr std::chrono::milliseconds kMeetingPollInterval{10};
 const std::string kGo = "go";
 const std::string kGivenUp = "given up";
 
@@ -114,7 +114,7 @@ int64_t meet(
   bool abandoned = false;
   bool decidedElsewhere = false;
   while (!everyone && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(kPollInterval);
+    std::this_thread::sleep_for(kMeetingPollInterval);
     abandoned = at.abandon && at.abandon();
     decidedElsewhere = !abandoned && store.check({decisionKey(prefix)});
     if (abandoned || decidedElsewhere) {

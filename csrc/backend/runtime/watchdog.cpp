@@ -14,7 +14,7 @@
 namespace nccl_core {
 
 namespace {
-constexpr auto kPollInterval = std::chrono::milliseconds(50);
+constexpr auto kWatchdogPollInterval = std::chrono::milliseconds(50);
 // Store round trips are slower than event queries: look for peers' aborts
 // less often (PyTorch's NCCL backend uses one second too).
 constexpr auto kPeerCheckInterval = std::chrono::seconds(1);
@@ -194,7 +194,7 @@ void Watchdog::run() {
   C10_CUDA_CHECK_WARN(comm_->api().setDevice(comm_->device()));
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
-    wake_.wait_for(lock, kPollInterval);
+    wake_.wait_for(lock, kWatchdogPollInterval);
     if (stopping_ || failure_->failed()) {
       continue;
     }
