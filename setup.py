@@ -82,7 +82,7 @@ def by_folder(name: str, sources: list[str]) -> list[str]:
     file's compile time, are then compiled once per folder, not once per file. So names in a
     file's anonymous namespace must differ from those of the other files in its folder.
     TORCH_NCCL_CORE_UNITY=0 compiles a file at a time, for quick rebuilds while editing."""
-    if os.environ.get("TORCH_NCCL_CORE_UNITY", "1") != "1":
+    if os.environ.get("TORCH_NCCL_CORE_UNITY") == "0":
         return sources
     folders = defaultdict(list)
     for source in sources:

@@ -59,6 +59,7 @@ static_assert(
     "kFeatures lists every Feature, in its order");
 
 const FeatureInfo& info(Feature feature) {
+  TORCH_INTERNAL_ASSERT(feature < Feature::Count, "not a feature");
   return kFeatures[static_cast<size_t>(feature)];
 }
 
