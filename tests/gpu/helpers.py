@@ -102,10 +102,7 @@ def one_sided_refused(call: Callable[[], object], group: dist.ProcessGroup | Non
     refusal = one_sided_refusal(group)
     if refusal is None:
         return False
-    error = raised_by(call)
-    probe = probe_group(group)
-    assert_raised(error, NotImplementedError, refusal)
-    assert_equal(*probe)
+    assert_refused(call, NotImplementedError, refusal, group=group)
     return True
 
 
@@ -338,6 +335,20 @@ def probe_group(group: dist.ProcessGroup | None = None) -> tuple[torch.Tensor, t
     tensor = rank_tensor(257, torch.float32, dist.get_rank())
     dist.all_reduce(tensor, group=group)
     return tensor, reference_reduce([rank_tensor(257, torch.float32, r) for r in members], "sum")
+
+
+def assert_refused(
+    call: Callable[[], object],
+    types: type[BaseException] | tuple[type[BaseException], ...],
+    match: str | None = None,
+    group: dist.ProcessGroup | None = None,
+) -> None:
+    """`call` raises `types` (its message matching `match`) and `group` stays usable. Collective:
+    every rank runs the probe before any assertion can stop it."""
+    error = raised_by(call)
+    probe = probe_group(group)
+    assert_raised(error, types, match)
+    assert_equal(*probe)
 
 
 def register_close_cycles(

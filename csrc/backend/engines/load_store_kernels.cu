@@ -176,17 +176,24 @@ __device__ void copyIn(
   });
 }
 
+// enter(), then `copy` (this rank's elements into its staging), then the
+// first meeting: true once every rank's elements are staged.
+template <typename Copy>
+__device__ bool stageIn(const LoadStoreArgs& a, uint32_t& epoch, Copy copy) {
+  if (!enter(a, epoch)) {
+    return false;
+  }
+  copy();
+  return meet(a, epoch + 1);
+}
+
 template <typename T, RedOpType kOp, int N, bool kTwoShot>
 __global__ void __launch_bounds__(Layout::kThreads)
     allReduceKernel(LoadStoreArgs a) {
   const BlockRange range(a);
   T* data = static_cast<T*>(a.output);
   uint32_t epoch = 0;
-  if (!enter(a, epoch)) {
-    return;
-  }
-  copyIn<T, N>(a, data, 0, range);
-  if (!meet(a, epoch + 1)) {
+  if (!stageIn(a, epoch, [&] { copyIn<T, N>(a, data, 0, range); })) {
     return;
   }
   if constexpr (kTwoShot) {
@@ -234,11 +241,8 @@ __global__ void __launch_bounds__(Layout::kThreads)
   const BlockRange range(a);
   T* out = static_cast<T*>(a.output);
   uint32_t epoch = 0;
-  if (!enter(a, epoch)) {
-    return;
-  }
-  copyIn<T, N>(a, static_cast<const T*>(a.input), 0, range);
-  if (!meet(a, epoch + 1)) {
+  const T* in = static_cast<const T*>(a.input);
+  if (!stageIn(a, epoch, [&] { copyIn<T, N>(a, in, 0, range); })) {
     return;
   }
   // Every rank's loads issued before the first store, as in reduced().
@@ -271,13 +275,12 @@ __global__ void __launch_bounds__(Layout::kThreads)
   const T* in = static_cast<const T*>(a.input);
   T* out = static_cast<T*>(a.output);
   uint32_t epoch = 0;
-  if (!enter(a, epoch)) {
-    return;
-  }
-  for (int r = 0; r < a.size; ++r) {
-    copyIn<T, N>(a, in, r * a.count, range);
-  }
-  if (!meet(a, epoch + 1)) {
+  const bool staged = stageIn(a, epoch, [&] {
+    for (int r = 0; r < a.size; ++r) {
+      copyIn<T, N>(a, in, r * a.count, range);
+    }
+  });
+  if (!staged) {
     return;
   }
   const int64_t mine = a.rank * a.count;
