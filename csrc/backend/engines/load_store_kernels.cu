@@ -177,7 +177,8 @@ __device__ void copyIn(
 }
 
 // enter(), then `copy` (this rank's elements into its staging), then the
-// first meeting: true once every rank's elements are staged.
+// first meeting: true once every rank's elements are staged; false when the
+// group was torn down or its communicator aborted.
 template <typename Copy>
 __device__ bool stageIn(const LoadStoreArgs& a, uint32_t& epoch, Copy copy) {
   if (!enter(a, epoch)) {
